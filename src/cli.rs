@@ -1,0 +1,160 @@
+//! Command-line types (clap derive only). Each command converts its arguments into library
+//! configuration in `cmd/`; the library never sees clap.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+const PLAN_HEADING: &str = "Plan options (must match between mount and plan)";
+const MOUNT_HEADING: &str = "Mount options";
+
+/// shufflefs: globally shuffled, rank-partitioned training batches as plain .npy files.
+#[derive(Debug, Parser)]
+#[command(name = "shufflefs", version, about, long_about = None)]
+pub struct Cli {
+    /// More log output (-v debug, -vv trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// Less log output (-q warnings only, -qq errors only).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub quiet: u8,
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Pack token files into a dataset directory (shards + manifest.json).
+    Pack(PackArgs),
+    /// Mount a dataset as epoch/N/rank/R/step/S.npy files.
+    Mount(MountArgs),
+    /// Unmount a shufflefs mount point.
+    Unmount(UnmountArgs),
+    /// Print a dataset's summary.
+    Inspect(InspectArgs),
+    /// Print one step's S.json without mounting.
+    Plan(PlanArgs),
+    /// Write a raw token file of positional tokens (token i has value i), for demos and tests.
+    Synth(SynthArgs),
+}
+
+/// `shufflefs pack`.
+#[derive(Debug, Args)]
+pub struct PackArgs {
+    /// The dataset directory to create.
+    pub dataset_dir: PathBuf,
+    /// Input token files, concatenated in this order: raw little-endian (nanoGPT train.bin
+    /// style) or 1-D .npy arrays.
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// Token type: u8 u16 u32 u64 i32 i64.
+    #[arg(long)]
+    pub dtype: String,
+    /// Upper bound of each shard file (bytes; suffixes KiB MiB GiB TiB).
+    #[arg(long, default_value = "1GiB")]
+    pub shard_size: String,
+    /// Replace a dataset that already exists in DATASET_DIR.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// The options that define the plan: shared by `mount` and `plan`.
+#[derive(Debug, Args, Clone)]
+pub struct PlanOptions {
+    /// Tokens per observation (row). For next-token training use T+1 with --stride T.
+    #[arg(long, help_heading = PLAN_HEADING)]
+    pub window: u64,
+    /// Tokens between observation starts [default: --window].
+    #[arg(long, help_heading = PLAN_HEADING)]
+    pub stride: Option<u64>,
+    /// Rows per step file, per rank.
+    #[arg(long, help_heading = PLAN_HEADING)]
+    pub batch_size: u64,
+    /// Number of ranks (data-parallel processes).
+    #[arg(long, default_value_t = 1, help_heading = PLAN_HEADING)]
+    pub ranks: u64,
+    /// Shuffle seed.
+    #[arg(long, default_value_t = 0, help_heading = PLAN_HEADING)]
+    pub seed: u64,
+    /// Number of epochs exposed under epoch/.
+    #[arg(long, default_value_t = 1, help_heading = PLAN_HEADING)]
+    pub epochs: u64,
+}
+
+/// `shufflefs mount`.
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// The packed dataset directory.
+    pub dataset_dir: PathBuf,
+    /// Where to mount (an existing directory).
+    pub mountpoint: PathBuf,
+    /// The plan.
+    #[command(flatten)]
+    pub plan: PlanOptions,
+    /// Stay attached to the terminal (logs on stderr; Ctrl-C unmounts).
+    #[arg(long, short = 'f', help_heading = MOUNT_HEADING)]
+    pub foreground: bool,
+    /// FUSE worker threads [default: number of cores].
+    #[arg(long, help_heading = MOUNT_HEADING)]
+    pub threads: Option<usize>,
+    /// Let other users read the mount (allow_other with default_permissions).
+    #[arg(long, help_heading = MOUNT_HEADING)]
+    pub allow_other: bool,
+    /// Log to this file once the daemon is in the background [default: syslog].
+    #[arg(long, help_heading = MOUNT_HEADING)]
+    pub log_file: Option<PathBuf>,
+}
+
+/// `shufflefs unmount`.
+#[derive(Debug, Args)]
+pub struct UnmountArgs {
+    /// The mount point.
+    pub mountpoint: PathBuf,
+    /// Detach even if busy; the mount disappears when its last user leaves.
+    #[arg(long)]
+    pub lazy: bool,
+}
+
+/// `shufflefs inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// The packed dataset directory.
+    pub dataset_dir: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `shufflefs plan`.
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// The packed dataset directory.
+    pub dataset_dir: PathBuf,
+    /// The plan.
+    #[command(flatten)]
+    pub plan: PlanOptions,
+    /// Epoch of the step to print.
+    #[arg(long)]
+    pub epoch: u64,
+    /// Rank of the step to print.
+    #[arg(long)]
+    pub rank: u64,
+    /// Step to print.
+    #[arg(long)]
+    pub step: u64,
+}
+
+/// `shufflefs synth`.
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// The raw token file to write.
+    pub output: PathBuf,
+    /// Number of tokens.
+    #[arg(long)]
+    pub tokens: u64,
+    /// Token type: u8 u16 u32 u64 i32 i64.
+    #[arg(long, default_value = "u32")]
+    pub dtype: String,
+}

@@ -1,0 +1,41 @@
+//! `shufflefs inspect DATASET_DIR [--json]`: the dataset summary.
+
+use crate::cli::InspectArgs;
+use crate::dataset::Dataset;
+use crate::error::Result;
+
+/// Runs `inspect`.
+pub fn run(args: InspectArgs) -> Result<()> {
+    let ds = Dataset::open(&args.dataset_dir)?;
+    let m = ds.manifest();
+    if args.json {
+        let summary = serde_json::json!({
+            "dataset": ds.dir().display().to_string(),
+            "format_version": m.version,
+            "dtype": m.dtype,
+            "itemsize": m.itemsize,
+            "n_tokens": m.records,
+            "bytes": ds.n_bytes(),
+            "shards": m.shards,
+            "content_hash": m.content_hash,
+            "created_by": m.created_by,
+        });
+        println!("{}", serde_json::to_string_pretty(&summary).expect("json"));
+        return Ok(());
+    }
+    println!("dataset       {}", ds.dir().display());
+    println!("format        {} v{}", m.format, m.version);
+    println!("dtype         {} ({} bytes per token)", m.dtype, m.itemsize);
+    println!("tokens        {}", m.records);
+    println!("bytes         {}", ds.n_bytes());
+    println!("shards        {}", m.shards.len());
+    println!("content hash  {}", m.content_hash);
+    println!("created by    {}", m.created_by);
+    for s in &m.shards {
+        println!(
+            "  {}  {} tokens  {} bytes  hash {}",
+            s.path, s.records, s.bytes, s.hash
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,37 @@
+//! One module per subcommand: arguments in, library calls, output out.
+
+pub mod inspect;
+pub mod mount;
+pub mod pack;
+pub mod plan;
+pub mod synth;
+pub mod unmount;
+
+use crate::cli::{Command, PlanOptions};
+use crate::error::Result;
+use crate::view::ViewConfig;
+
+/// Runs one parsed command.
+pub fn run(command: Command) -> Result<()> {
+    match command {
+        Command::Pack(args) => pack::run(args),
+        Command::Mount(args) => mount::run(args),
+        Command::Unmount(args) => unmount::run(args),
+        Command::Inspect(args) => inspect::run(args),
+        Command::Plan(args) => plan::run(args),
+        Command::Synth(args) => synth::run(args),
+    }
+}
+
+impl From<&PlanOptions> for ViewConfig {
+    fn from(p: &PlanOptions) -> ViewConfig {
+        ViewConfig {
+            window: p.window,
+            stride: p.stride,
+            batch_size: p.batch_size,
+            ranks: p.ranks,
+            seed: p.seed,
+            epochs: p.epochs,
+        }
+    }
+}

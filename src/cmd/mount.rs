@@ -1,0 +1,185 @@
+//! `shufflefs mount DATASET_DIR MOUNTPOINT --window W --batch-size B [...]`
+//!
+//! Everything that can fail for a user reason (bad dataset, bad plan, bad mount point) is
+//! checked in the calling process, so the error reaches the terminal and the exit code is
+//! non-zero. Then, unless `--foreground`, the process forks: the child mounts, reports
+//! readiness through a pipe and serves until SIGINT/SIGTERM/SIGHUP or an external unmount;
+//! the parent returns once the mount is ready (exit 0) or the child failed (its exit code).
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use log::{error, info};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::{ForkResult, fork, setsid};
+
+use crate::cli::MountArgs;
+use crate::error::{Error, Result};
+use crate::fs::ShuffleFs;
+use crate::logging;
+use crate::mount::{MountOptions, default_threads, mount, prepare_mountpoint};
+use crate::view::{View, ViewConfig};
+
+/// Runs `mount`.
+pub fn run(args: MountArgs) -> Result<()> {
+    let view = View::open(&args.dataset_dir, &ViewConfig::from(&args.plan))?;
+    let info = view.info();
+    info!(
+        "dataset {}: {} tokens, {} observations of {} (stride {}), {} steps/epoch x {} ranks x \
+         {} epochs, fingerprint {}",
+        args.dataset_dir.display(),
+        info.n_tokens,
+        info.n_observations,
+        info.window,
+        info.stride,
+        info.steps_per_epoch,
+        info.ranks,
+        info.epochs,
+        info.fingerprint
+    );
+    let fs = ShuffleFs::new(view)?;
+    let mountpoint = prepare_mountpoint(&args.mountpoint)?;
+    let dataset = args
+        .dataset_dir
+        .canonicalize()
+        .unwrap_or_else(|_| args.dataset_dir.clone());
+    let options = MountOptions {
+        threads: args.threads.unwrap_or_else(default_threads),
+        allow_other: args.allow_other,
+        // Mount options are comma-separated: keep commas out of the source name.
+        fsname: dataset.display().to_string().replace(',', "_"),
+    };
+    if args.foreground {
+        return serve(fs, &mountpoint, &options, None);
+    }
+    let (read_end, write_end) = nix::unistd::pipe().map_err(|e| Error::io("pipe", e.into()))?;
+    // SAFETY: the process is still single-threaded (no thread has been spawned yet: the view
+    // and the mount-point check run on this thread only), so the child may run arbitrary
+    // code after fork.
+    match unsafe { fork() }.map_err(|e| Error::io("fork", e.into()))? {
+        ForkResult::Parent { child } => {
+            drop(write_end);
+            let mut status = [0u8; 1];
+            let ready = File::from(read_end).read(&mut status).ok() == Some(1);
+            if ready && status[0] == b'1' {
+                println!(
+                    "mounted {} at {} (daemon pid {child}, fingerprint {})",
+                    dataset.display(),
+                    mountpoint.display(),
+                    fs_fingerprint_hint(&mountpoint)
+                );
+                return Ok(());
+            }
+            // The child reported its error on stderr; pass on its exit code.
+            let code = match waitpid(child, None) {
+                Ok(WaitStatus::Exited(_, code)) if code != 0 => code,
+                _ => 1,
+            };
+            std::process::exit(code);
+        }
+        ForkResult::Child => {
+            drop(read_end);
+            let _ = setsid();
+            let _ = std::env::set_current_dir("/");
+            redirect_to_null(&[0, 1]);
+            let background = Background {
+                ready: write_end,
+                log_file: args.log_file.clone(),
+            };
+            if let Err(e) = serve(fs, &mountpoint, &options, Some(background)) {
+                error!("{e}");
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The fingerprint as served by the fresh mount (read back through it, which also proves the
+/// mount answers).
+fn fs_fingerprint_hint(mountpoint: &Path) -> String {
+    std::fs::read(mountpoint.join("info.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["fingerprint"].as_str().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// What a background daemon does once mounted.
+struct Background {
+    ready: OwnedFd,
+    log_file: Option<PathBuf>,
+}
+
+fn redirect_to_null(fds: &[i32]) {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        for &fd in fds {
+            // SAFETY: dup2 onto a standard descriptor number; `null` is a valid open fd.
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
+}
+
+/// Mounts and serves until a signal or an external unmount, then unmounts cleanly.
+fn serve(
+    fs: ShuffleFs,
+    mountpoint: &Path,
+    options: &MountOptions,
+    background: Option<Background>,
+) -> Result<()> {
+    // Block the shutdown signals before any thread exists, so every thread inherits the mask
+    // and only the sigtimedwait below receives them.
+    let mut signals = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        signals.add(s);
+    }
+    signals
+        .thread_block()
+        .map_err(|e| Error::io("sigprocmask", e.into()))?;
+    let mounted = mount(fs, mountpoint, options)?;
+    match background {
+        Some(bg) => {
+            match &bg.log_file {
+                Some(path) => logging::to_file(path)?,
+                None => logging::to_syslog(),
+            }
+            info!("serving {} in the background", mountpoint.display());
+            redirect_to_null(&[2]);
+            let mut ready = File::from(bg.ready);
+            let _ = ready.write_all(b"1");
+        }
+        None => info!(
+            "serving {} in the foreground; Ctrl-C or SIGTERM unmounts",
+            mountpoint.display()
+        ),
+    }
+    let timeout = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 100_000_000,
+    };
+    loop {
+        // SAFETY: `signals` is a valid sigset_t, the info pointer may be null, and `timeout`
+        // outlives the call.
+        let sig = unsafe { libc::sigtimedwait(signals.as_ref(), std::ptr::null_mut(), &timeout) };
+        if sig > 0 {
+            let name = Signal::try_from(sig).map_or("signal", |s| s.as_str());
+            info!("received {name}: unmounting {}", mountpoint.display());
+            break;
+        }
+        if mounted.is_finished() {
+            info!("{} was unmounted", mountpoint.display());
+            break;
+        }
+    }
+    mounted.unmount()?;
+    info!("unmounted {}", mountpoint.display());
+    Ok(())
+}

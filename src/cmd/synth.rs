@@ -1,0 +1,18 @@
+//! `shufflefs synth OUTPUT --tokens N [--dtype T]`
+
+use crate::cli::SynthArgs;
+use crate::dtype::ScalarType;
+use crate::error::Result;
+use crate::pack::write_positional;
+
+/// Runs `synth`.
+pub fn run(args: SynthArgs) -> Result<()> {
+    let dtype = ScalarType::from_name(&args.dtype)?;
+    write_positional(&args.output, dtype, args.tokens)?;
+    println!(
+        "wrote {} positional {dtype} tokens to {}",
+        args.tokens,
+        args.output.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,12 @@
+//! `shufflefs unmount MOUNTPOINT [--lazy]`
+
+use crate::cli::UnmountArgs;
+use crate::error::Result;
+use crate::mount::unmount_path;
+
+/// Runs `unmount`.
+pub fn run(args: UnmountArgs) -> Result<()> {
+    unmount_path(&args.mountpoint, args.lazy)?;
+    println!("unmounted {}", args.mountpoint.display());
+    Ok(())
+}

@@ -1,0 +1,375 @@
+//! The on-disk dataset format: `manifest.json` plus shard files of raw little-endian records.
+//!
+//! ```text
+//! DATASET_DIR/
+//!   manifest.json        written last, by rename: a dataset without it does not exist
+//!   shard-00000.bin      records 0 .. n0 of the stream, headerless, little-endian
+//!   shard-00001.bin      records n0 .. n0+n1
+//!   ...
+//! ```
+//!
+//! The manifest is versioned ([`VERSION`]); a reader refuses any other version, any unknown
+//! field and any count that does not add up. See docs/FORMAT.md for the byte-exact layout.
+//! This module only parses and checks; it opens no files (see `dataset.rs`).
+
+use std::path::{Component, Path};
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::RecordType;
+use crate::error::{Error, Result};
+
+/// The file name of the manifest inside a dataset directory.
+pub const MANIFEST: &str = "manifest.json";
+
+/// The value of the manifest's `format` field.
+pub const FORMAT_NAME: &str = "shufflefs-dataset";
+
+/// The manifest version this build writes and reads. Bumped on any change that an older
+/// reader would misread; readers refuse other versions with a message saying what to do.
+pub const VERSION: u32 = 1;
+
+/// One shard of the stream.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardEntry {
+    /// File name, relative to the dataset directory (a single normal path component).
+    pub path: String,
+    /// Number of records in the shard.
+    pub records: u64,
+    /// Size of the shard file in bytes (`records * itemsize`).
+    pub bytes: u64,
+    /// Content hash of the shard bytes ([`ContentHasher`]), 16 hex digits.
+    pub hash: String,
+}
+
+/// The parsed `manifest.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Always [`FORMAT_NAME`].
+    pub format: String,
+    /// Always [`VERSION`] for this build.
+    pub version: u32,
+    /// The record dtype as a numpy descr (`<u4`).
+    pub dtype: String,
+    /// Bytes per record.
+    pub itemsize: u64,
+    /// Total records (tokens) in the stream.
+    pub records: u64,
+    /// The shards, in stream order.
+    pub shards: Vec<ShardEntry>,
+    /// Hash over the shards' hashes and sizes: the dataset's content identity.
+    pub content_hash: String,
+    /// The program that wrote the manifest (informational).
+    pub created_by: String,
+}
+
+impl Manifest {
+    /// Parses and validates manifest bytes. `path` is used in messages only.
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<Manifest> {
+        let manifest: Manifest = serde_json::from_slice(bytes).map_err(|e| {
+            Error::dataset(
+                path,
+                format!("not a valid shufflefs manifest ({e}); re-run `shufflefs pack`"),
+            )
+        })?;
+        manifest.validate(path)?;
+        Ok(manifest)
+    }
+
+    /// Checks every invariant a reader relies on.
+    pub fn validate(&self, path: &Path) -> Result<()> {
+        let fail = |msg: String| Err(Error::dataset(path, msg));
+        let dataset_err = |msg: String| Error::dataset(path, msg);
+        if self.format != FORMAT_NAME {
+            return fail(format!(
+                "format is {:?}, expected {FORMAT_NAME:?}",
+                self.format
+            ));
+        }
+        if self.version != VERSION {
+            return fail(format!(
+                "manifest version {} but this shufflefs reads version {VERSION}: \
+                 re-run `shufflefs pack` with this version, or use the shufflefs that wrote it",
+                self.version
+            ));
+        }
+        let record = RecordType::from_manifest(&self.dtype)
+            .map_err(|e| dataset_err(format!("field dtype: {e}")))?;
+        if record.itemsize() as u64 != self.itemsize {
+            return fail(format!(
+                "field itemsize is {} but dtype {} has {} bytes",
+                self.itemsize,
+                self.dtype,
+                record.itemsize()
+            ));
+        }
+        let mut total: u64 = 0;
+        for (i, shard) in self.shards.iter().enumerate() {
+            check_shard_path(&shard.path)
+                .map_err(|e| dataset_err(format!("shards[{i}].path: {e}")))?;
+            if shard.records == 0 {
+                return fail(format!("shards[{i}] ({}) has no records", shard.path));
+            }
+            if shard.records.checked_mul(self.itemsize) != Some(shard.bytes) {
+                return fail(format!(
+                    "shards[{i}] ({}): bytes {} != records {} * itemsize {}",
+                    shard.path, shard.bytes, shard.records, self.itemsize
+                ));
+            }
+            if parse_hash(&shard.hash).is_none() {
+                return fail(format!(
+                    "shards[{i}].hash {:?} is not 16 hex digits",
+                    shard.hash
+                ));
+            }
+            total = total
+                .checked_add(shard.records)
+                .ok_or_else(|| dataset_err("record count overflows 64 bits".into()))?;
+        }
+        if total != self.records {
+            return fail(format!(
+                "records is {} but the shards hold {total}",
+                self.records
+            ));
+        }
+        if self.content_hash != content_hash(&self.shards) {
+            return fail(format!(
+                "content_hash {:?} does not match the shard list; the manifest was edited",
+                self.content_hash
+            ));
+        }
+        Ok(())
+    }
+
+    /// The record type.
+    pub fn record_type(&self) -> RecordType {
+        RecordType::from_manifest(&self.dtype).expect("validated at parse")
+    }
+
+    /// Serializes the manifest as written to disk (pretty JSON, trailing newline).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = serde_json::to_vec_pretty(self).expect("manifest serializes");
+        out.push(b'\n');
+        out
+    }
+}
+
+/// The name of shard `index`.
+pub fn shard_name(index: usize) -> String {
+    format!("shard-{index:05}.bin")
+}
+
+/// A shard path must be one plain file name inside the dataset directory.
+fn check_shard_path(p: &str) -> std::result::Result<(), String> {
+    let mut components = Path::new(p).components();
+    match (components.next(), components.next()) {
+        (Some(Component::Normal(name)), None) if name != MANIFEST => Ok(()),
+        _ => Err(format!(
+            "{p:?} must be a plain file name inside the dataset directory"
+        )),
+    }
+}
+
+/// The dataset identity over all shards: hash of each shard's name, size and content hash.
+pub fn content_hash(shards: &[ShardEntry]) -> String {
+    let mut h = ContentHasher::new();
+    for s in shards {
+        h.update(s.path.as_bytes());
+        h.update(&[0]);
+        h.update(&s.bytes.to_le_bytes());
+        h.update(&parse_hash(&s.hash).unwrap_or(0).to_le_bytes());
+    }
+    format_hash(h.finish())
+}
+
+/// Formats a hash as 16 lowercase hex digits.
+pub fn format_hash(h: u64) -> String {
+    format!("{h:016x}")
+}
+
+/// Parses 16 hex digits.
+pub fn parse_hash(s: &str) -> Option<u64> {
+    if s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        u64::from_str_radix(s, 16).ok()
+    } else {
+        None
+    }
+}
+
+/// A fast streaming 64-bit hash for content identity (not cryptographic): 8-byte words are
+/// folded with a multiply-rotate step, then finished with the length and SplitMix64. Equal
+/// byte streams give equal hashes however they are split into `update` calls.
+#[derive(Clone, Debug)]
+pub struct ContentHasher {
+    state: u64,
+    pending: [u8; 8],
+    pending_len: usize,
+    total: u64,
+}
+
+impl Default for ContentHasher {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ContentHasher {
+    const P: u64 = 0x9FB2_1C65_1E98_DF25;
+
+    /// A fresh hasher.
+    pub fn new() -> ContentHasher {
+        ContentHasher {
+            state: 0x243F_6A88_85A3_08D3,
+            pending: [0; 8],
+            pending_len: 0,
+            total: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn word(&mut self, w: u64) {
+        self.state = (self.state ^ w).wrapping_mul(Self::P).rotate_left(29);
+    }
+
+    /// Feeds bytes.
+    pub fn update(&mut self, mut bytes: &[u8]) {
+        self.total += bytes.len() as u64;
+        if self.pending_len > 0 {
+            let take = (8 - self.pending_len).min(bytes.len());
+            self.pending[self.pending_len..self.pending_len + take].copy_from_slice(&bytes[..take]);
+            self.pending_len += take;
+            bytes = &bytes[take..];
+            if self.pending_len < 8 {
+                return;
+            }
+            let w = u64::from_le_bytes(self.pending);
+            self.word(w);
+            self.pending_len = 0;
+        }
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.word(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+        let rest = chunks.remainder();
+        self.pending[..rest.len()].copy_from_slice(rest);
+        self.pending_len = rest.len();
+    }
+
+    /// The hash of everything fed so far.
+    pub fn finish(&self) -> u64 {
+        let mut s = self.clone();
+        if s.pending_len > 0 {
+            let mut last = [0u8; 8];
+            last[..s.pending_len].copy_from_slice(&s.pending[..s.pending_len]);
+            s.word(u64::from_le_bytes(last));
+        }
+        crate::feistel::mix(s.state ^ s.total.wrapping_mul(Self::P))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Manifest {
+        let shards = vec![
+            ShardEntry {
+                path: shard_name(0),
+                records: 10,
+                bytes: 40,
+                hash: format_hash(1),
+            },
+            ShardEntry {
+                path: shard_name(1),
+                records: 5,
+                bytes: 20,
+                hash: format_hash(2),
+            },
+        ];
+        Manifest {
+            format: FORMAT_NAME.into(),
+            version: VERSION,
+            dtype: "<u4".into(),
+            itemsize: 4,
+            records: 15,
+            content_hash: content_hash(&shards),
+            shards,
+            created_by: "test".into(),
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let m = sample();
+        let parsed = Manifest::parse(&m.to_bytes(), Path::new("m")).unwrap();
+        assert_eq!(parsed, m);
+    }
+
+    #[test]
+    fn every_truncation_is_an_error_not_a_panic() {
+        let bytes = sample().to_bytes();
+        for cut in 0..bytes.len() - 2 {
+            assert!(
+                Manifest::parse(&bytes[..cut], Path::new("m")).is_err(),
+                "cut {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_inconsistent_manifests() {
+        let check = |f: &dyn Fn(&mut Manifest), want: &str| {
+            let mut m = sample();
+            f(&mut m);
+            let err = Manifest::parse(&m.to_bytes(), Path::new("/d/manifest.json")).unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.starts_with("/d/manifest.json: "), "{msg}");
+            assert!(msg.contains(want), "{msg:?} lacks {want:?}");
+        };
+        check(&|m| m.version = 2, "version 2");
+        check(&|m| m.format = "x".into(), "format");
+        check(&|m| m.dtype = "<f4".into(), "dtype");
+        check(&|m| m.itemsize = 2, "itemsize");
+        check(&|m| m.records = 16, "records is 16");
+        check(&|m| m.shards[1].bytes = 21, "bytes 21");
+        check(&|m| m.shards[0].path = "../x.bin".into(), "plain file name");
+        check(
+            &|m| m.shards[0].path = "/etc/passwd".into(),
+            "plain file name",
+        );
+        check(&|m| m.shards[0].path = "a/b".into(), "plain file name");
+        check(&|m| m.shards[0].hash = "zz".into(), "hex");
+        check(&|m| m.shards[0].hash = format_hash(9), "content_hash");
+        let mut value: serde_json::Value = serde_json::from_slice(&sample().to_bytes()).unwrap();
+        value["extra"] = 1.into();
+        let err = Manifest::parse(value.to_string().as_bytes(), Path::new("m")).unwrap_err();
+        assert!(err.to_string().contains("unknown field"));
+    }
+
+    #[test]
+    fn hasher_is_split_invariant() {
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 31 % 251) as u8).collect();
+        let mut whole = ContentHasher::new();
+        whole.update(&data);
+        for split in [0, 1, 7, 8, 9, 500, 999, 1000] {
+            let mut h = ContentHasher::new();
+            h.update(&data[..split]);
+            h.update(&data[split..]);
+            assert_eq!(h.finish(), whole.finish(), "split {split}");
+        }
+        let mut other = ContentHasher::new();
+        other.update(&data[..999]);
+        assert_ne!(other.finish(), whole.finish());
+        let mut zero_padded = ContentHasher::new();
+        zero_padded.update(&[1, 2, 3]);
+        let mut longer = ContentHasher::new();
+        longer.update(&[1, 2, 3, 0]);
+        assert_ne!(
+            zero_padded.finish(),
+            longer.finish(),
+            "length is part of the hash"
+        );
+    }
+}

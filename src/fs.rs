@@ -1,0 +1,556 @@
+//! The filesystem semantics, free of FUSE: names, inodes, attributes, listings and reads.
+//!
+//! ```text
+//! /                         dir
+//! /info.json                file   the mount's parameters and fingerprint
+//! /epoch/                   dir    0 .. epochs-1
+//! /epoch/E/                 dir    rank
+//! /epoch/E/rank/            dir    0 .. ranks-1
+//! /epoch/E/rank/R/          dir    step
+//! /epoch/E/rank/R/step/     dir    0.npy 0.json 1.npy 1.json ... (steps_per_epoch pairs)
+//! ```
+//!
+//! Inode numbers are computed, not stored: each kind of node owns a contiguous range, and a
+//! node's number is the range start plus its index inside the kind (mixed radix over epoch,
+//! rank and step). Nothing grows with the number of files read, `forget` is a no-op, and the
+//! same configuration gives the same inode numbers on every mount.
+//!
+//! Names have exactly one spelling: canonical decimals (`7`, never `07` or `+7`) and exact
+//! suffixes. Everything else is `ENOENT`. Every modification is `EROFS`.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+
+use crate::error::{Error, Result};
+use crate::plan::StepKey;
+use crate::view::View;
+
+/// The root directory's inode number (fixed by FUSE).
+pub const ROOT_INO: u64 = 1;
+
+/// Permission bits of files.
+pub const FILE_PERM: u16 = 0o444;
+/// Permission bits of directories.
+pub const DIR_PERM: u16 = 0o555;
+
+/// A node of the tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Node {
+    /// `/`
+    Root,
+    /// `/info.json`
+    Info,
+    /// `/epoch`
+    EpochList,
+    /// `/epoch/E`
+    Epoch(u64),
+    /// `/epoch/E/rank`
+    RankList(u64),
+    /// `/epoch/E/rank/R`
+    Rank(u64, u64),
+    /// `/epoch/E/rank/R/step`
+    StepList(u64, u64),
+    /// `/epoch/E/rank/R/step/S.npy`
+    StepNpy(StepKey),
+    /// `/epoch/E/rank/R/step/S.json`
+    StepJson(StepKey),
+}
+
+/// File or directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A directory.
+    Directory,
+    /// A regular file.
+    File,
+}
+
+impl Node {
+    /// Whether this node is a directory.
+    pub fn kind(self) -> Kind {
+        match self {
+            Node::Info | Node::StepNpy(_) | Node::StepJson(_) => Kind::File,
+            _ => Kind::Directory,
+        }
+    }
+}
+
+/// Attributes of a node, in FUSE-independent form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attr {
+    /// Inode number.
+    pub ino: u64,
+    /// File or directory.
+    pub kind: Kind,
+    /// Size in bytes (0 for directories).
+    pub size: u64,
+    /// Permission bits.
+    pub perm: u16,
+    /// Link count.
+    pub nlink: u32,
+}
+
+/// One directory entry produced by [`ShuffleFs::readdir`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    /// Inode of the entry.
+    pub ino: u64,
+    /// The offset to resume listing after this entry.
+    pub next_offset: u64,
+    /// File or directory.
+    pub kind: Kind,
+    /// The entry's name.
+    pub name: String,
+}
+
+/// Receives directory entries; returns `true` when it is full (FUSE's reply buffer).
+pub trait DirSink {
+    /// Adds one entry; `true` means "full, stop".
+    fn add(&mut self, entry: DirEntry) -> bool;
+}
+
+impl DirSink for Vec<DirEntry> {
+    fn add(&mut self, entry: DirEntry) -> bool {
+        self.push(entry);
+        false
+    }
+}
+
+/// The kinds of node in inode order; each owns a contiguous inode range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Range {
+    Root,
+    Info,
+    EpochList,
+    Epoch,
+    RankList,
+    Rank,
+    StepList,
+    StepNpy,
+    StepJson,
+}
+
+const RANGES: [Range; 9] = [
+    Range::Root,
+    Range::Info,
+    Range::EpochList,
+    Range::Epoch,
+    Range::RankList,
+    Range::Rank,
+    Range::StepList,
+    Range::StepNpy,
+    Range::StepJson,
+];
+
+/// The inode numbering of one configuration: `starts[k]` is the first inode of range `k`.
+#[derive(Clone, Debug)]
+struct Inodes {
+    epochs: u64,
+    ranks: u64,
+    steps: u64,
+    starts: [u64; RANGES.len() + 1],
+}
+
+impl Inodes {
+    fn new(epochs: u64, ranks: u64, steps: u64) -> Result<Inodes> {
+        let too_big = || {
+            Error::invalid(format!(
+                "{epochs} epochs x {ranks} ranks x {steps} steps is too many files to number \
+                 with 64-bit inodes; lower --epochs"
+            ))
+        };
+        let er = epochs.checked_mul(ranks).ok_or_else(too_big)?;
+        let ers = er.checked_mul(steps).ok_or_else(too_big)?;
+        let mut starts = [0u64; RANGES.len() + 1];
+        starts[0] = ROOT_INO;
+        for (k, range) in RANGES.iter().enumerate() {
+            let count = match range {
+                Range::Root | Range::Info | Range::EpochList => 1,
+                Range::Epoch | Range::RankList => epochs,
+                Range::Rank | Range::StepList => er,
+                Range::StepNpy | Range::StepJson => ers,
+            };
+            starts[k + 1] = starts[k].checked_add(count).ok_or_else(too_big)?;
+        }
+        Ok(Inodes {
+            epochs,
+            ranks,
+            steps,
+            starts,
+        })
+    }
+
+    fn ino(&self, node: Node) -> u64 {
+        let (range, index) = match node {
+            Node::Root => (Range::Root, 0),
+            Node::Info => (Range::Info, 0),
+            Node::EpochList => (Range::EpochList, 0),
+            Node::Epoch(e) => (Range::Epoch, e),
+            Node::RankList(e) => (Range::RankList, e),
+            Node::Rank(e, r) => (Range::Rank, e * self.ranks + r),
+            Node::StepList(e, r) => (Range::StepList, e * self.ranks + r),
+            Node::StepNpy(k) => (Range::StepNpy, self.step_index(k)),
+            Node::StepJson(k) => (Range::StepJson, self.step_index(k)),
+        };
+        self.starts[range as usize] + index
+    }
+
+    fn step_index(&self, k: StepKey) -> u64 {
+        (k.epoch * self.ranks + k.rank) * self.steps + k.step
+    }
+
+    fn node(&self, ino: u64) -> Option<Node> {
+        if ino < self.starts[0] || ino >= self.starts[RANGES.len()] {
+            return None;
+        }
+        let k = self.starts.partition_point(|&s| s <= ino) - 1;
+        let i = ino - self.starts[k];
+        let rank_pair = |i: u64| (i / self.ranks, i % self.ranks);
+        let step_key = |i: u64| {
+            let (er, step) = (i / self.steps, i % self.steps);
+            StepKey {
+                epoch: er / self.ranks,
+                rank: er % self.ranks,
+                step,
+            }
+        };
+        Some(match RANGES[k] {
+            Range::Root => Node::Root,
+            Range::Info => Node::Info,
+            Range::EpochList => Node::EpochList,
+            Range::Epoch => Node::Epoch(i),
+            Range::RankList => Node::RankList(i),
+            Range::Rank => {
+                let (e, r) = rank_pair(i);
+                Node::Rank(e, r)
+            }
+            Range::StepList => {
+                let (e, r) = rank_pair(i);
+                Node::StepList(e, r)
+            }
+            Range::StepNpy => Node::StepNpy(step_key(i)),
+            Range::StepJson => Node::StepJson(step_key(i)),
+        })
+    }
+}
+
+/// Parses a canonical decimal below `bound`: ASCII digits only, no sign, no leading zero
+/// (except `0` itself), no overflow.
+pub fn parse_index(name: &[u8], bound: u64) -> Option<u64> {
+    if name.is_empty() || name.len() > 20 || (name.len() > 1 && name[0] == b'0') {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for &b in name {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+    }
+    (v < bound).then_some(v)
+}
+
+/// The filesystem: a [`View`] plus the tree around it.
+#[derive(Debug)]
+pub struct ShuffleFs {
+    view: View,
+    inodes: Inodes,
+}
+
+impl ShuffleFs {
+    /// Wraps a view.
+    pub fn new(view: View) -> Result<ShuffleFs> {
+        let plan = view.plan();
+        let inodes = Inodes::new(plan.epochs(), plan.ranks(), plan.steps_per_epoch())?;
+        Ok(ShuffleFs { view, inodes })
+    }
+
+    /// The view behind the tree.
+    pub fn view(&self) -> &View {
+        &self.view
+    }
+
+    /// The inode number of `node`.
+    pub fn ino(&self, node: Node) -> u64 {
+        self.inodes.ino(node)
+    }
+
+    /// The node of inode `ino`, if it exists.
+    pub fn node(&self, ino: u64) -> Result<Node> {
+        self.inodes.node(ino).ok_or(Error::NotFound)
+    }
+
+    /// Resolves `name` inside directory `parent`.
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr> {
+        let node = self.child(self.node(parent)?, name.as_bytes())?;
+        self.attr(node)
+    }
+
+    fn child(&self, parent: Node, name: &[u8]) -> Result<Node> {
+        let i = &self.inodes;
+        let found = match parent {
+            Node::Root => match name {
+                b"info.json" => Some(Node::Info),
+                b"epoch" => Some(Node::EpochList),
+                _ => None,
+            },
+            Node::EpochList => parse_index(name, i.epochs).map(Node::Epoch),
+            Node::Epoch(e) => (name == b"rank").then_some(Node::RankList(e)),
+            Node::RankList(e) => parse_index(name, i.ranks).map(|r| Node::Rank(e, r)),
+            Node::Rank(e, r) => (name == b"step").then_some(Node::StepList(e, r)),
+            Node::StepList(epoch, rank) => {
+                let key = |step| StepKey { epoch, rank, step };
+                if let Some(stem) = name.strip_suffix(b".npy") {
+                    parse_index(stem, i.steps).map(|s| Node::StepNpy(key(s)))
+                } else if let Some(stem) = name.strip_suffix(b".json") {
+                    parse_index(stem, i.steps).map(|s| Node::StepJson(key(s)))
+                } else {
+                    None
+                }
+            }
+            Node::Info | Node::StepNpy(_) | Node::StepJson(_) => {
+                return Err(Error::NotADirectory);
+            }
+        };
+        found.ok_or(Error::NotFound)
+    }
+
+    /// Attributes of inode `ino`.
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        self.attr(self.node(ino)?)
+    }
+
+    fn attr(&self, node: Node) -> Result<Attr> {
+        let (kind, size) = match node.kind() {
+            Kind::Directory => (Kind::Directory, 0),
+            Kind::File => (Kind::File, self.size(node)),
+        };
+        Ok(Attr {
+            ino: self.ino(node),
+            kind,
+            size,
+            perm: if kind == Kind::File {
+                FILE_PERM
+            } else {
+                DIR_PERM
+            },
+            nlink: if kind == Kind::File { 1 } else { 2 },
+        })
+    }
+
+    fn size(&self, node: Node) -> u64 {
+        match node {
+            Node::Info => self.view.info_json().len() as u64,
+            Node::StepNpy(_) => self.view.step_npy_len(),
+            Node::StepJson(key) => self.view.step_json(key).len() as u64,
+            _ => 0,
+        }
+    }
+
+    /// Checks that `ino` can be opened with the given access: files read-only, and no
+    /// directories through `open`.
+    pub fn open(&self, ino: u64, write: bool) -> Result<Node> {
+        let node = self.node(ino)?;
+        if node.kind() == Kind::Directory {
+            return Err(Error::IsADirectory);
+        }
+        if write {
+            return Err(Error::ReadOnly);
+        }
+        Ok(node)
+    }
+
+    /// Checks that `ino` is a directory.
+    pub fn opendir(&self, ino: u64) -> Result<Node> {
+        let node = self.node(ino)?;
+        if node.kind() != Kind::Directory {
+            return Err(Error::NotADirectory);
+        }
+        Ok(node)
+    }
+
+    /// Number of entries (with `.` and `..`) in directory `node`.
+    fn dir_len(&self, node: Node) -> u64 {
+        let i = &self.inodes;
+        2 + match node {
+            Node::Root => 2,
+            Node::EpochList => i.epochs,
+            Node::Epoch(_) | Node::Rank(..) => 1,
+            Node::RankList(_) => i.ranks,
+            Node::StepList(..) => 2 * i.steps,
+            Node::Info | Node::StepNpy(_) | Node::StepJson(_) => 0,
+        }
+    }
+
+    fn parent(&self, node: Node) -> Node {
+        match node {
+            Node::Root | Node::Info | Node::EpochList => Node::Root,
+            Node::Epoch(_) => Node::EpochList,
+            Node::RankList(e) => Node::Epoch(e),
+            Node::Rank(e, _) => Node::RankList(e),
+            Node::StepList(e, r) => Node::Rank(e, r),
+            Node::StepNpy(k) | Node::StepJson(k) => Node::StepList(k.epoch, k.rank),
+        }
+    }
+
+    /// Entry `index` (0-based, after `.` and `..`) of directory `node`.
+    fn dir_entry(&self, node: Node, index: u64) -> (Node, String) {
+        match node {
+            Node::Root => [(Node::Info, "info.json"), (Node::EpochList, "epoch")]
+                .map(|(n, s)| (n, s.to_string()))[index as usize]
+                .clone(),
+            Node::EpochList => (Node::Epoch(index), index.to_string()),
+            Node::Epoch(e) => (Node::RankList(e), "rank".to_string()),
+            Node::RankList(e) => (Node::Rank(e, index), index.to_string()),
+            Node::Rank(e, r) => (Node::StepList(e, r), "step".to_string()),
+            Node::StepList(epoch, rank) => {
+                let key = StepKey {
+                    epoch,
+                    rank,
+                    step: index / 2,
+                };
+                if index.is_multiple_of(2) {
+                    (Node::StepNpy(key), format!("{}.npy", key.step))
+                } else {
+                    (Node::StepJson(key), format!("{}.json", key.step))
+                }
+            }
+            Node::Info | Node::StepNpy(_) | Node::StepJson(_) => {
+                unreachable!("files have no entries")
+            }
+        }
+    }
+
+    /// Lists directory `ino` from `offset` (0 = start; every entry carries the offset to
+    /// resume after it) until `sink` is full. O(1) memory and O(1) work per entry, whatever
+    /// the directory size.
+    pub fn readdir(&self, ino: u64, offset: u64, sink: &mut impl DirSink) -> Result<()> {
+        let node = self.opendir(ino)?;
+        let len = self.dir_len(node);
+        let mut k = offset;
+        while k < len {
+            let (child, name) = match k {
+                0 => (node, ".".to_string()),
+                1 => (self.parent(node), "..".to_string()),
+                _ => self.dir_entry(node, k - 2),
+            };
+            let entry = DirEntry {
+                ino: self.ino(child),
+                next_offset: k + 1,
+                kind: child.kind(),
+                name,
+            };
+            if sink.add(entry) {
+                break;
+            }
+            k += 1;
+        }
+        Ok(())
+    }
+
+    /// Reads up to `size` bytes of file `ino` at `offset` into `out` (cleared first). Returns
+    /// exactly the file's bytes; nothing at or past the end.
+    pub fn read(&self, ino: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<()> {
+        out.clear();
+        let node = self.open(ino, false)?;
+        match node {
+            Node::StepNpy(key) => {
+                let len = self.view.step_npy_len();
+                if offset >= len {
+                    return Ok(());
+                }
+                out.resize((u64::from(size)).min(len - offset) as usize, 0);
+                let n = self.view.read_step_npy(key, offset, out)?;
+                out.truncate(n);
+            }
+            Node::StepJson(key) => copy_range(&self.view.step_json(key), offset, size, out),
+            Node::Info => copy_range(self.view.info_json(), offset, size, out),
+            _ => return Err(Error::IsADirectory),
+        }
+        Ok(())
+    }
+}
+
+fn copy_range(bytes: &[u8], offset: u64, size: u32, out: &mut Vec<u8>) {
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
+    let end = start.saturating_add(size as usize).min(bytes.len());
+    out.extend_from_slice(&bytes[start..end]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_indices_only() {
+        assert_eq!(parse_index(b"0", 10), Some(0));
+        assert_eq!(parse_index(b"9", 10), Some(9));
+        assert_eq!(parse_index(b"10", 10), None);
+        for bad in [
+            &b""[..],
+            b"00",
+            b"07",
+            b"+7",
+            b"-0",
+            b" 7",
+            b"7 ",
+            b"0x7",
+            b"7.0",
+            b"\xd9\xa3", // Arabic-Indic digit three
+            b"18446744073709551616",
+            b"99999999999999999999999",
+        ] {
+            assert_eq!(parse_index(bad, u64::MAX), None, "{bad:?}");
+        }
+        assert_eq!(
+            parse_index(b"18446744073709551614", u64::MAX),
+            Some(u64::MAX - 1)
+        );
+        assert_eq!(parse_index(b"18446744073709551615", u64::MAX), None);
+    }
+
+    #[test]
+    fn inode_numbering_round_trips() {
+        let inodes = Inodes::new(3, 4, 5).unwrap();
+        let mut all = vec![Node::Root, Node::Info, Node::EpochList];
+        for e in 0..3 {
+            all.push(Node::Epoch(e));
+            all.push(Node::RankList(e));
+            for r in 0..4 {
+                all.push(Node::Rank(e, r));
+                all.push(Node::StepList(e, r));
+                for step in 0..5 {
+                    let k = StepKey {
+                        epoch: e,
+                        rank: r,
+                        step,
+                    };
+                    all.push(Node::StepNpy(k));
+                    all.push(Node::StepJson(k));
+                }
+            }
+        }
+        let mut inos: Vec<u64> = all.iter().map(|&n| inodes.ino(n)).collect();
+        for (&n, &ino) in all.iter().zip(&inos) {
+            assert_eq!(inodes.node(ino), Some(n));
+        }
+        assert_eq!(inodes.ino(Node::Root), ROOT_INO);
+        inos.sort_unstable();
+        inos.dedup();
+        assert_eq!(inos.len(), all.len(), "no collisions");
+        assert_eq!(*inos.first().unwrap(), 1);
+        assert_eq!(*inos.last().unwrap(), all.len() as u64, "dense numbering");
+        assert_eq!(inodes.node(0), None);
+        assert_eq!(inodes.node(all.len() as u64 + 1), None);
+        assert_eq!(inodes.node(u64::MAX), None);
+    }
+
+    #[test]
+    fn inode_space_overflow_is_refused() {
+        assert!(Inodes::new(u64::MAX, 2, 1).is_err());
+        assert!(Inodes::new(1 << 20, 1 << 20, 1 << 23).is_err());
+        assert!(Inodes::new(100, 1024, 1 << 40).is_ok());
+    }
+}

@@ -1,0 +1,358 @@
+//! Mount lifecycle: preparing the mount point (clearing a stale mount, refusing to stack on a
+//! live one), running the FUSE session, and unmounting cleanly.
+//!
+//! [`mount`] returns once the kernel has completed the FUSE handshake, so the tree is ready
+//! when it returns. [`Mounted`] unmounts when dropped; if the mount is busy (a shell has its
+//! working directory inside) it falls back to a lazy detach, so the daemon never leaves a
+//! stale mount behind.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use fuser::{MountOption, SessionACL, SessionUnmounter};
+use log::{info, warn};
+
+use crate::error::{Error, Result};
+use crate::fs::ShuffleFs;
+use crate::fuse::FuseAdapter;
+
+/// The filesystem type shufflefs mounts appear under in the mount table.
+pub const FSTYPE: &str = "fuse.shufflefs";
+
+/// How the session is run.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// FUSE worker threads.
+    pub threads: usize,
+    /// Let other users read the mount (`allow_other`, needs `user_allow_other` in
+    /// /etc/fuse.conf for non-root mounters).
+    pub allow_other: bool,
+    /// The source name shown in the mount table.
+    pub fsname: String,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            threads: default_threads(),
+            allow_other: false,
+            fsname: "shufflefs".into(),
+        }
+    }
+}
+
+/// Worker threads by default: one per core.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+/// A live mount. Dropping it unmounts.
+#[derive(Debug)]
+pub struct Mounted {
+    mountpoint: PathBuf,
+    unmounter: Option<SessionUnmounter>,
+    thread: Option<JoinHandle<io::Result<()>>>,
+}
+
+/// Mounts `fs` at `mountpoint` and serves it from background threads. Returns once the mount
+/// is ready. Clears a stale mount at `mountpoint` first and refuses a live shufflefs mount.
+pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result<Mounted> {
+    let mountpoint = prepare_mountpoint(mountpoint)?;
+    let mtime = fs::metadata(fs.view().dataset().dir().join(crate::format::MANIFEST))
+        .and_then(|m| m.modified())
+        .unwrap_or(UNIX_EPOCH);
+    let adapter = FuseAdapter::new(
+        fs,
+        nix::unistd::getuid().as_raw(),
+        nix::unistd::getgid().as_raw(),
+        mtime,
+    );
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::NoSuid,
+        MountOption::NoDev,
+        MountOption::FSName(options.fsname.clone()),
+        MountOption::Subtype("shufflefs".into()),
+    ];
+    if options.allow_other {
+        config.mount_options.push(MountOption::DefaultPermissions);
+        config.acl = SessionACL::All;
+    }
+    config.n_threads = Some(options.threads.max(1));
+    let mut session = fuser::Session::new(adapter, &mountpoint, &config).map_err(|e| {
+        Error::io(
+            &mountpoint,
+            io::Error::new(e.kind(), format!("cannot mount: {e}")),
+        )
+    })?;
+    let unmounter = session.unmount_callable();
+    let thread = std::thread::Builder::new()
+        .name("fuse-session".into())
+        .spawn(move || session.run())
+        .map_err(|e| Error::io(&mountpoint, e))?;
+    info!("mounted at {}", mountpoint.display());
+    Ok(Mounted {
+        mountpoint,
+        unmounter: Some(unmounter),
+        thread: Some(thread),
+    })
+}
+
+impl Mounted {
+    /// The (absolute) mount point.
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Whether the session ended (someone unmounted the filesystem from outside).
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Unmounts and waits (up to a few seconds) for the session threads to finish. A busy
+    /// mount is detached lazily rather than left behind.
+    pub fn unmount(mut self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        let mut result = Ok(());
+        if let Some(mut unmounter) = self.unmounter.take()
+            && let Err(e) = unmounter.unmount()
+        {
+            warn!(
+                "unmount of {} failed ({e}); detaching lazily",
+                self.mountpoint.display()
+            );
+            result = detach(&self.mountpoint);
+        }
+        if let Some(thread) = self.thread.take() {
+            // After unmount the kernel ends the session; a lazily detached mount ends when its
+            // last user leaves, so do not wait forever.
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while !thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if thread.is_finished() {
+                match thread.join() {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => warn!("FUSE session ended with an error: {e}"),
+                    Err(_) => warn!("FUSE session thread panicked"),
+                }
+            }
+        }
+        result
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            warn!("{e}");
+        }
+    }
+}
+
+/// What occupies a mount point.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MountState {
+    /// Nothing is mounted there.
+    NotMounted,
+    /// A working mount of the given filesystem type.
+    Live(String),
+    /// A FUSE mount whose daemon is gone (`ENOTCONN`).
+    Stale(String),
+}
+
+/// Absolute form of `path` without touching the last component (which may be a dead mount,
+/// where `canonicalize` fails).
+pub fn absolute_mountpoint(path: &Path) -> Result<PathBuf> {
+    let name = path.file_name().ok_or_else(|| {
+        Error::invalid(format!(
+            "mount point {} is not a directory name",
+            path.display()
+        ))
+    })?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let parent = parent.canonicalize().map_err(|e| Error::io(&parent, e))?;
+    Ok(parent.join(name))
+}
+
+/// Inspects what is mounted at `mountpoint` (absolute) from /proc/self/mountinfo.
+pub fn mount_state(mountpoint: &Path) -> Result<MountState> {
+    let table = fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| Error::io("/proc/self/mountinfo", e))?;
+    let target = mountpoint.as_os_str().as_encoded_bytes();
+    let mut fstype = None;
+    for line in table.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(dash) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
+        if fields.len() > 4 && unescape(fields[4]) == target && dash + 1 < fields.len() {
+            fstype = Some(fields[dash + 1].to_string()); // the last match is the top mount
+        }
+    }
+    let Some(fstype) = fstype else {
+        return Ok(MountState::NotMounted);
+    };
+    match fs::metadata(mountpoint) {
+        Err(e) if fstype.starts_with("fuse") && e.raw_os_error() != Some(libc::ENOENT) => {
+            Ok(MountState::Stale(fstype))
+        }
+        _ => Ok(MountState::Live(fstype)),
+    }
+}
+
+/// Undoes the octal escapes (`\040` for space) of a mountinfo path field.
+fn unescape(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        let value = octal.map(|d| d.iter().fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0')));
+        match value.and_then(|v| u8::try_from(v).ok()) {
+            Some(byte) => {
+                out.push(byte);
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Resolves the mount point, clears a stale FUSE mount left by a killed daemon, and refuses
+/// to mount over a live shufflefs mount. Returns the absolute mount point.
+pub fn prepare_mountpoint(mountpoint: &Path) -> Result<PathBuf> {
+    let abs = absolute_mountpoint(mountpoint)?;
+    match mount_state(&abs)? {
+        MountState::NotMounted => {}
+        MountState::Stale(fstype) => {
+            warn!(
+                "{} holds a stale {fstype} mount (its daemon died); clearing it",
+                abs.display()
+            );
+            detach(&abs)?;
+        }
+        MountState::Live(fstype) if fstype == FSTYPE => {
+            return Err(Error::invalid(format!(
+                "{} is already a live shufflefs mount: unmount it first \
+                 (`shufflefs unmount {}`)",
+                abs.display(),
+                abs.display()
+            )));
+        }
+        MountState::Live(_) => {}
+    }
+    let meta = fs::metadata(&abs).map_err(|e| {
+        Error::io(
+            &abs,
+            io::Error::new(e.kind(), format!("mount point is not usable: {e}")),
+        )
+    })?;
+    if !meta.is_dir() {
+        return Err(Error::invalid(format!(
+            "mount point {} is not a directory",
+            abs.display()
+        )));
+    }
+    Ok(abs)
+}
+
+/// Lazily detaches whatever is mounted at `mountpoint`: `umount2(MNT_DETACH)` as root,
+/// `fusermount3 -u -z` otherwise.
+pub fn detach(mountpoint: &Path) -> Result<()> {
+    match nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EPERM) => fusermount(mountpoint, &["-u", "-z"]),
+        Err(e) => Err(Error::io(mountpoint, e.into())),
+    }
+}
+
+/// Unmounts `mountpoint` (for `shufflefs unmount`): a plain unmount that fails if the mount is
+/// busy, or a lazy detach when `lazy`.
+pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<()> {
+    let abs = absolute_mountpoint(mountpoint)?;
+    match mount_state(&abs)? {
+        MountState::NotMounted => {
+            return Err(Error::invalid(format!("{} is not mounted", abs.display())));
+        }
+        MountState::Live(fstype) | MountState::Stale(fstype) if !fstype.starts_with("fuse") => {
+            return Err(Error::invalid(format!(
+                "{} is a {fstype} mount, not shufflefs; refusing to unmount it",
+                abs.display()
+            )));
+        }
+        _ => {}
+    }
+    if lazy {
+        return detach(&abs);
+    }
+    match nix::mount::umount(&abs) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EPERM) => fusermount(&abs, &["-u"]),
+        Err(nix::errno::Errno::EBUSY) => Err(Error::invalid(format!(
+            "{} is busy (a process has a file open or its working directory inside); \
+             close it, or detach lazily with `shufflefs unmount --lazy`",
+            abs.display()
+        ))),
+        Err(e) => Err(Error::io(&abs, e.into())),
+    }
+}
+
+fn fusermount(mountpoint: &Path, args: &[&str]) -> Result<()> {
+    let output = std::process::Command::new("fusermount3")
+        .args(args)
+        .arg(mountpoint)
+        .output()
+        .map_err(|e| Error::io("fusermount3", e))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "fusermount3 {} {} failed: {}",
+            args.join(" "),
+            mountpoint.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_unescape() {
+        assert_eq!(unescape("/tmp/a\\040b"), b"/tmp/a b");
+        assert_eq!(unescape("/plain"), b"/plain");
+        assert_eq!(unescape("/x\\134y"), b"/x\\y");
+        assert_eq!(unescape("/trail\\04"), b"/trail\\04");
+        assert_eq!(unescape("/big\\777"), b"/big\\777");
+    }
+
+    #[test]
+    fn absolute_mountpoint_keeps_last_component() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("not-yet");
+        assert_eq!(
+            absolute_mountpoint(&p).unwrap(),
+            dir.path().canonicalize().unwrap().join("not-yet")
+        );
+        assert!(absolute_mountpoint(Path::new("/")).is_err());
+    }
+}
