@@ -125,6 +125,7 @@ impl Dataset {
     /// Opens `dir`: parses and validates the manifest, opens every shard and checks its size
     /// against the manifest. Any doubt is an error naming the file.
     pub fn open(dir: &Path) -> Result<Dataset> {
+        let dir = &dir.canonicalize().map_err(|e| Error::io(dir, e))?;
         let manifest_path = dir.join(MANIFEST);
         let bytes = std::fs::read(&manifest_path).map_err(|e| {
             if e.kind() == io::ErrorKind::NotFound {

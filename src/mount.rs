@@ -19,8 +19,9 @@ use crate::error::{Error, Result};
 use crate::fs::ShuffleFs;
 use crate::fuse::FuseAdapter;
 
-/// The filesystem type shufflefs mounts appear under in the mount table.
-pub const FSTYPE: &str = "fuse.shufflefs";
+/// The prefix of a shufflefs mount's source in the mount table (`shufflefs:/path/to/dataset`):
+/// how a live or stale shufflefs mount is recognised.
+pub const SOURCE_PREFIX: &str = "shufflefs:";
 
 /// How the session is run.
 #[derive(Clone, Debug)]
@@ -30,7 +31,7 @@ pub struct MountOptions {
     /// Let other users read the mount (`allow_other`, needs `user_allow_other` in
     /// /etc/fuse.conf for non-root mounters).
     pub allow_other: bool,
-    /// The source name shown in the mount table.
+    /// The source shown in the mount table, after [`SOURCE_PREFIX`] (the dataset path).
     pub fsname: String,
 }
 
@@ -39,7 +40,7 @@ impl Default for MountOptions {
         MountOptions {
             threads: default_threads(),
             allow_other: false,
-            fsname: "shufflefs".into(),
+            fsname: String::new(),
         }
     }
 }
@@ -75,7 +76,11 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
         MountOption::RO,
         MountOption::NoSuid,
         MountOption::NoDev,
-        MountOption::FSName(options.fsname.clone()),
+        // Mount options are comma-separated: keep commas out of the source name.
+        MountOption::FSName(format!(
+            "{SOURCE_PREFIX}{}",
+            options.fsname.replace(',', "_")
+        )),
         MountOption::Subtype("shufflefs".into()),
     ];
     if options.allow_other {
@@ -157,15 +162,31 @@ impl Drop for Mounted {
     }
 }
 
+/// What the mount table says about one mount.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountEntry {
+    /// Filesystem type (`fuse` for shufflefs).
+    pub fstype: String,
+    /// Source (`shufflefs:/path/to/dataset` for shufflefs).
+    pub source: String,
+}
+
+impl MountEntry {
+    /// Whether this is a shufflefs mount.
+    pub fn is_shufflefs(&self) -> bool {
+        self.fstype.starts_with("fuse") && self.source.starts_with(SOURCE_PREFIX)
+    }
+}
+
 /// What occupies a mount point.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MountState {
     /// Nothing is mounted there.
     NotMounted,
-    /// A working mount of the given filesystem type.
-    Live(String),
+    /// A working mount.
+    Live(MountEntry),
     /// A FUSE mount whose daemon is gone (`ENOTCONN`).
-    Stale(String),
+    Stale(MountEntry),
 }
 
 /// Absolute form of `path` without touching the last component (which may be a dead mount,
@@ -190,24 +211,31 @@ pub fn mount_state(mountpoint: &Path) -> Result<MountState> {
     let table = fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| Error::io("/proc/self/mountinfo", e))?;
     let target = mountpoint.as_os_str().as_encoded_bytes();
-    let mut fstype = None;
+    let mut found = None;
     for line in table.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         let Some(dash) = fields.iter().position(|f| *f == "-") else {
             continue;
         };
-        if fields.len() > 4 && unescape(fields[4]) == target && dash + 1 < fields.len() {
-            fstype = Some(fields[dash + 1].to_string()); // the last match is the top mount
+        if fields.len() > dash + 2 && fields.len() > 4 && unescape(fields[4]) == target {
+            // The last match is the top of a stack of mounts.
+            found = Some(MountEntry {
+                fstype: fields[dash + 1].to_string(),
+                source: String::from_utf8_lossy(&unescape(fields[dash + 2])).into_owned(),
+            });
         }
     }
-    let Some(fstype) = fstype else {
+    let Some(entry) = found else {
         return Ok(MountState::NotMounted);
     };
-    match fs::metadata(mountpoint) {
-        Err(e) if fstype.starts_with("fuse") && e.raw_os_error() != Some(libc::ENOENT) => {
-            Ok(MountState::Stale(fstype))
-        }
-        _ => Ok(MountState::Live(fstype)),
+    if !entry.fstype.starts_with("fuse") {
+        return Ok(MountState::Live(entry));
+    }
+    // statfs always reaches the daemon (stat may be answered from the kernel's attribute
+    // cache), so it tells a dead FUSE connection from a live one.
+    match nix::sys::statfs::statfs(mountpoint) {
+        Ok(_) => Ok(MountState::Live(entry)),
+        Err(_) => Ok(MountState::Stale(entry)),
     }
 }
 
@@ -241,14 +269,16 @@ pub fn prepare_mountpoint(mountpoint: &Path) -> Result<PathBuf> {
     let abs = absolute_mountpoint(mountpoint)?;
     match mount_state(&abs)? {
         MountState::NotMounted => {}
-        MountState::Stale(fstype) => {
+        MountState::Stale(entry) => {
             warn!(
-                "{} holds a stale {fstype} mount (its daemon died); clearing it",
-                abs.display()
+                "{} holds a stale {} mount of {} (its daemon died); clearing it",
+                abs.display(),
+                entry.fstype,
+                entry.source
             );
             detach(&abs)?;
         }
-        MountState::Live(fstype) if fstype == FSTYPE => {
+        MountState::Live(entry) if entry.is_shufflefs() => {
             return Err(Error::invalid(format!(
                 "{} is already a live shufflefs mount: unmount it first \
                  (`shufflefs unmount {}`)",
@@ -291,10 +321,12 @@ pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<()> {
         MountState::NotMounted => {
             return Err(Error::invalid(format!("{} is not mounted", abs.display())));
         }
-        MountState::Live(fstype) | MountState::Stale(fstype) if !fstype.starts_with("fuse") => {
+        MountState::Live(entry) | MountState::Stale(entry) if !entry.is_shufflefs() => {
             return Err(Error::invalid(format!(
-                "{} is a {fstype} mount, not shufflefs; refusing to unmount it",
-                abs.display()
+                "{} is a {} mount of {}, not shufflefs; refusing to unmount it",
+                abs.display(),
+                entry.fstype,
+                entry.source
             )));
         }
         _ => {}

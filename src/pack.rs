@@ -11,7 +11,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use log::info;
+use log::debug;
 
 use crate::dtype::{RecordType, ScalarType};
 use crate::error::{Error, Result};
@@ -312,7 +312,7 @@ fn finish_shard(
     let path = dir.join(&name);
     fs::rename(&shard.tmp, &path).map_err(|e| Error::io(&path, e))?;
     written.files.push(path.clone());
-    info!("wrote {} ({} bytes)", path.display(), shard.bytes);
+    debug!("wrote {} ({} bytes)", path.display(), shard.bytes);
     Ok(ShardEntry {
         path: name,
         records: shard.bytes / itemsize,

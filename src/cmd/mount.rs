@@ -49,8 +49,7 @@ pub fn run(args: MountArgs) -> Result<()> {
     let options = MountOptions {
         threads: args.threads.unwrap_or_else(default_threads),
         allow_other: args.allow_other,
-        // Mount options are comma-separated: keep commas out of the source name.
-        fsname: dataset.display().to_string().replace(',', "_"),
+        fsname: dataset.display().to_string(),
     };
     if args.foreground {
         return serve(fs, &mountpoint, &options, None);

@@ -1,0 +1,452 @@
+//! The `shufflefs` binary as a user runs it: exit codes, messages, the background daemon,
+//! signals and stale mounts.
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+fn shufflefs(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shufflefs"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Waits (bounded) for a process to disappear. Returns whether it did.
+fn wait_gone(pid: i32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if !Path::new(&format!("/proc/{pid}")).exists()
+            || fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| st.contains(") Z "))
+        {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+fn daemon_pid(o: &Output) -> i32 {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let at = out.find("daemon pid ").expect("pid in mount output") + "daemon pid ".len();
+    out[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn pack_inspect_plan_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("t.bin");
+    let ds = dir.path().join("ds");
+    assert!(
+        shufflefs(&["synth", s(&tokens), "--tokens", "10000", "--dtype", "u16"])
+            .status
+            .success()
+    );
+    let o = shufflefs(&[
+        "pack",
+        s(&ds),
+        s(&tokens),
+        "--dtype",
+        "u16",
+        "--shard-size",
+        "4KiB",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("packed 10000 tokens"));
+    assert_eq!(
+        fs::read_dir(&ds).unwrap().count(),
+        6,
+        "5 shards + manifest, no temp files"
+    );
+    let o = shufflefs(&["inspect", s(&ds), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["n_tokens"], 10000);
+    assert_eq!(v["dtype"], "<u2");
+    let o = shufflefs(&[
+        "plan",
+        s(&ds),
+        "--window",
+        "9",
+        "--stride",
+        "8",
+        "--batch-size",
+        "4",
+        "--ranks",
+        "2",
+        "--seed",
+        "5",
+        "--epoch",
+        "0",
+        "--rank",
+        "1",
+        "--step",
+        "3",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let view = shufflefs::view::View::open(&ds, &config(9, 8, 4, 2, 5, 1)).unwrap();
+    let key = shufflefs::plan::StepKey {
+        epoch: 0,
+        rank: 1,
+        step: 3,
+    };
+    assert_eq!(o.stdout, view.step_json(key), "plan prints exactly S.json");
+    let o = shufflefs(&[
+        "plan",
+        s(&ds),
+        "--window",
+        "9",
+        "--batch-size",
+        "4",
+        "--epoch",
+        "0",
+        "--rank",
+        "1",
+        "--step",
+        "0",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("no such step: epoch 0 rank 1"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn pack_refuses_bad_inputs_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name);
+    fs::write(p("odd.bin"), [1u8, 2, 3]).unwrap();
+    fs::write(p("ok.bin"), [0u8; 16]).unwrap();
+    fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokens_u2_1d.npy"),
+        p("u2.npy"),
+    )
+    .unwrap();
+    fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/step_u4_4x6.npy"),
+        p("2d.npy"),
+    )
+    .unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["odd.bin", "--dtype", "u16"],
+            "odd.bin: 3 bytes is not a whole number of u16 tokens",
+        ),
+        (
+            &["u2.npy", "--dtype", "u32"],
+            "u2.npy: array dtype is u16 (<u2) but --dtype is u32",
+        ),
+        (
+            &["2d.npy", "--dtype", "u32"],
+            "2d.npy: array has shape [4, 6]",
+        ),
+        (
+            &["ok.bin", "missing.bin", "--dtype", "u32"],
+            "missing.bin: No such file",
+        ),
+        (&["ok.bin", "--dtype", "f32"], "unknown dtype \"f32\""),
+        (
+            &["ok.bin", "--dtype", "u32", "--shard-size", "2"],
+            "smaller than one u32 token",
+        ),
+        (
+            &["ok.bin", "--dtype", "u32", "--shard-size", "1.5GiB"],
+            "invalid size",
+        ),
+    ];
+    for (args, want) in cases {
+        let out_dir = p("ds");
+        let mut full = vec!["pack", s(&out_dir)];
+        let inputs: Vec<String> = args
+            .iter()
+            .map(|a| {
+                if a.contains('.') && !a.starts_with('-') && !a.contains("GiB") {
+                    s(&p(a)).to_string()
+                } else {
+                    a.to_string()
+                }
+            })
+            .collect();
+        full.extend(inputs.iter().map(String::as_str));
+        let o = shufflefs(&full);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+        assert!(
+            !out_dir.exists() || fs::read_dir(&out_dir).unwrap().count() == 0,
+            "{args:?} left files behind"
+        );
+    }
+    // A valid .npy input packs; packing over an existing dataset needs --force.
+    let ds = p("npyds");
+    assert!(
+        shufflefs(&["pack", s(&ds), s(&p("u2.npy")), "--dtype", "u16"])
+            .status
+            .success()
+    );
+    let o = shufflefs(&["pack", s(&ds), s(&p("u2.npy")), "--dtype", "u16"]);
+    assert!(
+        stderr(&o).contains("already holds a dataset"),
+        "{}",
+        stderr(&o)
+    );
+    let o = shufflefs(&[
+        "pack",
+        s(&ds),
+        s(&p("u2.npy")),
+        s(&p("u2.npy")),
+        "--dtype",
+        "u16",
+        "--force",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_slice(&shufflefs(&["inspect", s(&ds), "--json"]).stdout).unwrap();
+    assert_eq!(v["n_tokens"], 2000);
+    // The packed stream is the .npy payload, byte for byte, concatenated in order.
+    let raw = fs::read(p("u2.npy")).unwrap();
+    let payload = &raw[128..];
+    let shard = fs::read(ds.join("shard-00000.bin")).unwrap();
+    assert_eq!(&shard[..2000], payload);
+    assert_eq!(&shard[2000..], payload);
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let o = shufflefs(&["mount", "/nonexistent"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = shufflefs(&["frobnicate"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn mount_refuses_broken_datasets_naming_the_file() {
+    let data = Positional::new(5000, 4096);
+    let mnt = tempfile::tempdir().unwrap();
+    let ds = data.path();
+    let mount = |ds: &Path| {
+        shufflefs(&[
+            "mount",
+            s(ds),
+            s(mnt.path()),
+            "--window",
+            "10",
+            "--batch-size",
+            "2",
+        ])
+    };
+    // Truncated shard.
+    let shard = ds.join("shard-00001.bin");
+    let original = fs::read(&shard).unwrap();
+    fs::write(&shard, &original[..100]).unwrap();
+    let o = mount(&ds);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("shard-00001.bin: shard is 100 bytes but the manifest records 4096"),
+        "{}",
+        stderr(&o)
+    );
+    // Missing shard.
+    fs::remove_file(&shard).unwrap();
+    let o = mount(&ds);
+    assert!(
+        stderr(&o).contains("shard-00001.bin: shard listed in the manifest is missing"),
+        "{}",
+        stderr(&o)
+    );
+    fs::write(&shard, &original).unwrap();
+    // Corrupt manifest.
+    let manifest = ds.join("manifest.json");
+    let good = fs::read(&manifest).unwrap();
+    fs::write(&manifest, &good[..good.len() / 2]).unwrap();
+    let o = mount(&ds);
+    assert!(
+        stderr(&o).contains("manifest.json: not a valid shufflefs manifest"),
+        "{}",
+        stderr(&o)
+    );
+    // No manifest (e.g. a pack that crashed before its last step).
+    fs::remove_file(&manifest).unwrap();
+    let o = mount(&ds);
+    assert!(stderr(&o).contains("no manifest"), "{}", stderr(&o));
+    fs::write(&manifest, &good).unwrap();
+    // Bad plan and bad mount point.
+    let o = shufflefs(&[
+        "mount",
+        s(&ds),
+        s(mnt.path()),
+        "--window",
+        "0",
+        "--batch-size",
+        "2",
+    ]);
+    assert!(
+        stderr(&o).contains("--window must be at least 1"),
+        "{}",
+        stderr(&o)
+    );
+    let o = shufflefs(&[
+        "mount",
+        s(&ds),
+        "/nonexistent/dir",
+        "--window",
+        "10",
+        "--batch-size",
+        "2",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(!is_mounted(mnt.path()));
+}
+
+#[test]
+fn background_daemon_mounts_serves_and_unmounts() {
+    if !fuse_available() {
+        return;
+    }
+    let data = Positional::new(5000, 4096);
+    let mnt = tempfile::tempdir().unwrap();
+    let o = shufflefs(&[
+        "mount",
+        s(&data.path()),
+        s(mnt.path()),
+        "--window",
+        "10",
+        "--batch-size",
+        "2",
+        "--ranks",
+        "2",
+        "--epochs",
+        "3",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let pid = daemon_pid(&o);
+    let info: serde_json::Value =
+        serde_json::from_slice(&fs::read(mnt.path().join("info.json")).unwrap()).unwrap();
+    assert_eq!(info["epochs"], 3);
+    assert!(fs::read(mnt.path().join("epoch/2/rank/1/step/0.npy")).is_ok());
+    // A second mount on a live shufflefs mount is refused.
+    let o2 = shufflefs(&[
+        "mount",
+        s(&data.path()),
+        s(mnt.path()),
+        "--window",
+        "10",
+        "--batch-size",
+        "2",
+    ]);
+    assert_eq!(o2.status.code(), Some(1));
+    assert!(
+        stderr(&o2).contains("already a live shufflefs mount"),
+        "{}",
+        stderr(&o2)
+    );
+    let u = shufflefs(&["unmount", s(mnt.path())]);
+    assert!(u.status.success(), "{}", stderr(&u));
+    assert!(wait_gone(pid), "daemon exits after unmount");
+    assert!(!is_mounted(mnt.path()));
+}
+
+#[test]
+fn sigterm_and_sigint_unmount_cleanly() {
+    if !fuse_available() {
+        return;
+    }
+    let data = Positional::new(5000, 4096);
+    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGTERM, libc::SIGINT] {
+        let mnt = tempfile::tempdir().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_shufflefs"))
+            .args([
+                "mount",
+                s(&data.path()),
+                s(mnt.path()),
+                "--window",
+                "10",
+                "--batch-size",
+                "2",
+                "--foreground",
+            ])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !mnt.path().join("info.json").exists() {
+            assert!(Instant::now() < deadline, "mount did not come up");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Keep a file open: the unmount must still leave nothing behind.
+        let open = fs::File::open(mnt.path().join("info.json")).unwrap();
+        // SAFETY: sending a signal to our own child.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "signal {signal}");
+        assert!(!is_mounted(mnt.path()), "signal {signal} left a mount");
+        drop(open);
+    }
+}
+
+#[test]
+fn stale_mount_of_a_killed_daemon_is_cleared() {
+    if !fuse_available() {
+        return;
+    }
+    let data = Positional::new(5000, 4096);
+    let mnt = tempfile::tempdir().unwrap();
+    let ds = data.path();
+    let args = [
+        "mount",
+        s(&ds),
+        s(mnt.path()),
+        "--window",
+        "10",
+        "--batch-size",
+        "2",
+    ];
+    let o = shufflefs(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let before = fs::read(mnt.path().join("epoch/0/rank/0/step/7.npy")).unwrap();
+    let pid = daemon_pid(&o);
+    // SAFETY: killing the daemon this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert!(wait_gone(pid));
+    let e = fs::File::open(mnt.path().join("info.json")).unwrap_err();
+    assert_eq!(
+        e.raw_os_error(),
+        Some(libc::ENOTCONN),
+        "a killed daemon leaves a stale mount"
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_shufflefs"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("stale"),
+        "clearing is logged: {}",
+        stderr(&o)
+    );
+    let after = fs::read(mnt.path().join("epoch/0/rank/0/step/7.npy")).unwrap();
+    assert_eq!(before, after);
+    let pid = daemon_pid(&o);
+    assert!(shufflefs(&["unmount", s(mnt.path())]).status.success());
+    assert!(wait_gone(pid));
+    assert!(!is_mounted(mnt.path()));
+}

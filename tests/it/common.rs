@@ -1,0 +1,176 @@
+//! Shared fixtures: positional datasets, an independent reference for step files, and a
+//! mount guard that always unmounts.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use shufflefs::dtype::ScalarType;
+use shufflefs::fs::ShuffleFs;
+use shufflefs::mount::{MountOptions, Mounted, mount};
+use shufflefs::pack::{PackOptions, pack, write_positional};
+use shufflefs::view::{View, ViewConfig};
+use tempfile::TempDir;
+
+/// A packed dataset of positional tokens (token i has value i) in a temp dir.
+pub struct Positional {
+    pub dir: TempDir,
+}
+
+impl Positional {
+    /// `tokens` u32 positional tokens split into shards of `shard_size` bytes.
+    pub fn new(tokens: u64, shard_size: u64) -> Positional {
+        Positional::with_dtype(tokens, shard_size, ScalarType::U32)
+    }
+
+    pub fn with_dtype(tokens: u64, shard_size: u64, dtype: ScalarType) -> Positional {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("tokens.bin");
+        write_positional(&input, dtype, tokens).unwrap();
+        let options = PackOptions {
+            dtype,
+            shard_size,
+            force: false,
+        };
+        pack(&dir.path().join("ds"), &[input], &options).unwrap();
+        Positional { dir }
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.path().join("ds")
+    }
+
+    pub fn view(&self, config: &ViewConfig) -> View {
+        View::open(&self.path(), config).unwrap()
+    }
+
+    pub fn fs(&self, config: &ViewConfig) -> ShuffleFs {
+        ShuffleFs::new(self.view(config)).unwrap()
+    }
+}
+
+pub fn config(
+    window: u64,
+    stride: u64,
+    batch: u64,
+    ranks: u64,
+    seed: u64,
+    epochs: u64,
+) -> ViewConfig {
+    ViewConfig {
+        window,
+        stride: Some(stride),
+        batch_size: batch,
+        ranks,
+        seed,
+        epochs,
+    }
+}
+
+/// The data part of a step file, computed independently of the read path: the row of
+/// observation `o` is tokens `o*stride .. o*stride+window`, little-endian, and for positional
+/// data token `t` has value `t`.
+pub fn expected_rows(observations: &[u64], cfg: &ViewConfig, dtype: ScalarType) -> Vec<u8> {
+    let stride = cfg.stride.unwrap_or(cfg.window);
+    let mut out = Vec::new();
+    for &o in observations {
+        for t in o * stride..o * stride + cfg.window {
+            out.extend_from_slice(&t.to_le_bytes()[..dtype.size()]);
+        }
+    }
+    out
+}
+
+/// The observation ids of a step from its S.json bytes.
+pub fn json_observations(bytes: &[u8]) -> Vec<u64> {
+    let v: serde_json::Value = serde_json::from_slice(bytes).unwrap();
+    v["observations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+/// Asserts that the union of `steps` (each a list of observation ids) is a set of distinct
+/// observations of size `steps * G` out of `n`, so that exactly `n mod G` are dropped.
+pub fn assert_exact_partition(all: &[Vec<u64>], n: u64, global_batch: u64) {
+    let mut seen = BTreeSet::new();
+    for step in all {
+        for &o in step {
+            assert!(o < n, "observation {o} out of range {n}");
+            assert!(seen.insert(o), "observation {o} served twice in one epoch");
+        }
+    }
+    assert_eq!(
+        n - seen.len() as u64,
+        n % global_batch,
+        "dropped tail must be n mod G"
+    );
+}
+
+/// Whether real mounts can run here. Prints why not.
+pub fn fuse_available() -> bool {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("skipped: cannot open /dev/fuse ({e})");
+            false
+        }
+    }
+}
+
+/// A mount in a temp dir that is always unmounted on drop.
+pub struct TestMount {
+    pub mounted: Option<Mounted>,
+    pub dir: TempDir,
+}
+
+impl TestMount {
+    pub fn new(fs: ShuffleFs) -> TestMount {
+        TestMount::with_threads(fs, 2)
+    }
+
+    pub fn with_threads(fs: ShuffleFs, threads: usize) -> TestMount {
+        let dir = tempfile::tempdir().unwrap();
+        let options = MountOptions {
+            threads,
+            ..MountOptions::default()
+        };
+        let mounted = mount(fs, dir.path(), &options).unwrap();
+        TestMount {
+            mounted: Some(mounted),
+            dir,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn step(&self, epoch: u64, rank: u64, step: u64, ext: &str) -> PathBuf {
+        self.path()
+            .join(format!("epoch/{epoch}/rank/{rank}/step/{step}.{ext}"))
+    }
+
+    pub fn unmount(mut self) {
+        self.mounted.take().unwrap().unmount().unwrap();
+    }
+}
+
+impl Drop for TestMount {
+    fn drop(&mut self) {
+        drop(self.mounted.take());
+    }
+}
+
+/// Whether `path` appears as a mount point in /proc/self/mountinfo.
+pub fn is_mounted(path: &Path) -> bool {
+    let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let target = canonical.to_str().unwrap();
+    table.lines().any(|l| l.split(' ').nth(4) == Some(target))
+}

@@ -1,0 +1,9 @@
+//! Integration tests, one binary (fewer links on a 2-core machine):
+//! - `model`: the filesystem model without FUSE against an independent reference;
+//! - `mounted`: real mounts in a TempDir, read through std::fs;
+//! - `cli`: the `shufflefs` binary, its daemon, signals and stale mounts.
+
+mod cli;
+mod common;
+mod model;
+mod mounted;

@@ -1,0 +1,356 @@
+//! The filesystem model without FUSE: every file's bytes against an independent reference,
+//! listings, names, errors.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+
+use shufflefs::Error;
+use shufflefs::dtype::ScalarType;
+use shufflefs::feistel::Permutation;
+use shufflefs::fs::{DirEntry, DirSink, Kind, Node, ROOT_INO, ShuffleFs};
+use shufflefs::npy;
+use shufflefs::plan::StepKey;
+
+use crate::common::*;
+
+fn read_all(fs: &ShuffleFs, ino: u64) -> Vec<u8> {
+    let len = fs.getattr(ino).unwrap().size;
+    let mut out = Vec::new();
+    fs.read(ino, 0, u32::try_from(len + 10).unwrap(), &mut out)
+        .unwrap();
+    assert_eq!(out.len() as u64, len, "size in getattr is exact");
+    out
+}
+
+fn walk(fs: &ShuffleFs, path: &str) -> shufflefs::Result<u64> {
+    let mut ino = ROOT_INO;
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        ino = fs.lookup(ino, OsStr::new(part))?.ino;
+    }
+    Ok(ino)
+}
+
+#[test]
+fn every_step_file_is_byte_exact_and_epochs_partition() {
+    // Small shards (1000 bytes = 250 tokens) so many windows cross shard boundaries.
+    let data = Positional::new(5000, 1000);
+    for (window, stride, batch, ranks) in
+        [(17u64, 16u64, 4u64, 2u64), (10, 10, 3, 1), (33, 7, 2, 8)]
+    {
+        let cfg = config(window, stride, batch, ranks, 99, 2);
+        let fs = data.fs(&cfg);
+        let plan = fs.view().plan().clone();
+        let header = npy::header("'<u4'", &[batch, window]).unwrap();
+        for epoch in 0..2 {
+            let perm = Permutation::new(plan.n_observations(), 99, epoch);
+            let mut all = Vec::new();
+            for step in 0..plan.steps_per_epoch() {
+                for rank in 0..ranks {
+                    let path = format!("epoch/{epoch}/rank/{rank}/step/{step}");
+                    let json = read_all(&fs, walk(&fs, &format!("{path}.json")).unwrap());
+                    let obs = json_observations(&json);
+                    let g = batch * ranks;
+                    let formula: Vec<u64> = (0..batch)
+                        .map(|j| perm.apply(step * g + j * ranks + rank))
+                        .collect();
+                    assert_eq!(obs, formula, "{path}: rows follow perm(s*G + j*R + r)");
+                    let npy = read_all(&fs, walk(&fs, &format!("{path}.npy")).unwrap());
+                    assert_eq!(&npy[..header.len()], &header[..], "{path}: header");
+                    assert_eq!(
+                        &npy[header.len()..],
+                        &expected_rows(&obs, &cfg, ScalarType::U32)[..],
+                        "{path}: rows"
+                    );
+                    all.push(obs);
+                }
+            }
+            assert_exact_partition(&all, plan.n_observations(), plan.global_batch());
+        }
+    }
+}
+
+#[test]
+fn any_byte_range_equals_the_whole_file_slice() {
+    let data = Positional::with_dtype(3000, 700, ScalarType::U16);
+    let fs = data.fs(&config(21, 13, 5, 3, 1, 1));
+    let ino = walk(&fs, "epoch/0/rank/2/step/11.npy").unwrap();
+    let whole = read_all(&fs, ino);
+    let len = whole.len() as u64;
+    let mut out = Vec::new();
+    for offset in (0..=len + 3).step_by(1) {
+        for size in [0u32, 1, 2, 3, 41, 64, 127, 128, 129, 4096] {
+            fs.read(ino, offset, size, &mut out).unwrap();
+            let start = offset.min(len) as usize;
+            let end = (offset + u64::from(size)).min(len) as usize;
+            assert_eq!(out, &whole[start..end], "offset {offset} size {size}");
+        }
+    }
+    fs.read(ino, u64::MAX, 100, &mut out).unwrap();
+    assert!(out.is_empty());
+}
+
+#[test]
+fn header_matches_numpy_written_fixtures() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    for (file, descr, shape) in [
+        ("step_u4_4x6.npy", "'<u4'", vec![4u64, 6]),
+        ("step_u1_3x5.npy", "'|u1'", vec![3, 5]),
+        ("step_i8_2x3.npy", "'<i8'", vec![2, 3]),
+        ("tokens_u2_1d.npy", "'<u2'", vec![1000]),
+    ] {
+        let golden = std::fs::read(fixtures.join(file)).unwrap();
+        let ours = npy::header(descr, &shape).unwrap();
+        assert_eq!(&golden[..ours.len()], &ours[..], "{file}: header bytes");
+        let item: u64 = match descr {
+            "'|u1'" => 1,
+            "'<u2'" => 2,
+            "'<u4'" => 4,
+            _ => 8,
+        };
+        assert_eq!(
+            golden.len() as u64,
+            ours.len() as u64 + shape.iter().product::<u64>() * item,
+            "{file}: header length is all that precedes the data"
+        );
+    }
+    // A mounted step file's data laid after our header reproduces numpy's file exactly.
+    let golden = std::fs::read(fixtures.join("step_u4_4x6.npy")).unwrap();
+    let data: Vec<u8> = (0..24u32).flat_map(|i| (i * 7).to_le_bytes()).collect();
+    let mut ours = npy::header("'<u4'", &[4, 6]).unwrap();
+    ours.extend_from_slice(&data);
+    assert_eq!(ours, golden);
+}
+
+#[test]
+fn names_have_one_spelling() {
+    let data = Positional::new(2000, 1 << 20);
+    let fs = data.fs(&config(10, 10, 2, 3, 0, 2));
+    assert!(walk(&fs, "epoch/1/rank/2/step/32.npy").is_ok());
+    assert!(walk(&fs, "info.json").is_ok());
+    for bad in [
+        "epoch/2",
+        "epoch/01",
+        "epoch/+1",
+        "epoch/1/rank/3",
+        "epoch/1/rank/-0",
+        "epoch/1/ranks",
+        "epoch/0/rank/0/step/33.npy",
+        "epoch/0/rank/0/step/07.npy",
+        "epoch/0/rank/0/step/+7.npy",
+        "epoch/0/rank/0/step/ 7.npy",
+        "epoch/0/rank/0/step/7 .npy",
+        "epoch/0/rank/0/step/7.NPY",
+        "epoch/0/rank/0/step/7.npy.npy",
+        "epoch/0/rank/0/step/7.npy.",
+        "epoch/0/rank/0/step/7",
+        "epoch/0/rank/0/step/.npy",
+        "epoch/0/rank/0/step/0x7.npy",
+        "epoch/0/rank/0/step/18446744073709551616.npy",
+        "epoch/0/rank/0/step/99999999999999999999999999.json",
+        "Info.json",
+        "info.json.",
+        "epoch/0/rank/0/step/٣.npy",
+    ] {
+        match walk(&fs, bad) {
+            Err(Error::NotFound) => {}
+            other => panic!("{bad}: expected NotFound, got {other:?}"),
+        }
+    }
+    let non_utf8 = OsStr::from_bytes(b"\xff\xfe.npy");
+    let step_dir = walk(&fs, "epoch/0/rank/0/step").unwrap();
+    assert!(matches!(
+        fs.lookup(step_dir, non_utf8),
+        Err(Error::NotFound)
+    ));
+    let long = "7".repeat(4000) + ".npy";
+    assert!(matches!(
+        fs.lookup(step_dir, OsStr::new(&long)),
+        Err(Error::NotFound)
+    ));
+    let file = walk(&fs, "info.json").unwrap();
+    assert!(matches!(
+        fs.lookup(file, OsStr::new("x")),
+        Err(Error::NotADirectory)
+    ));
+    assert!(matches!(fs.getattr(0), Err(Error::NotFound)));
+    assert!(matches!(fs.getattr(u64::MAX), Err(Error::NotFound)));
+    assert!(matches!(fs.open(file, true), Err(Error::ReadOnly)));
+    assert!(matches!(fs.open(step_dir, false), Err(Error::IsADirectory)));
+}
+
+struct Pages {
+    entries: Vec<DirEntry>,
+    room: usize,
+}
+
+impl DirSink for Pages {
+    fn add(&mut self, e: DirEntry) -> bool {
+        if self.room == 0 {
+            return true;
+        }
+        self.room -= 1;
+        self.entries.push(e);
+        false
+    }
+}
+
+fn list_paged(fs: &ShuffleFs, ino: u64, page: usize) -> Vec<DirEntry> {
+    let mut all: Vec<DirEntry> = Vec::new();
+    let mut offset = 0;
+    loop {
+        let mut sink = Pages {
+            entries: Vec::new(),
+            room: page,
+        };
+        fs.readdir(ino, offset, &mut sink).unwrap();
+        let Some(last) = sink.entries.last() else {
+            return all;
+        };
+        offset = last.next_offset;
+        all.extend(sink.entries);
+    }
+}
+
+#[test]
+fn listings_are_exact_and_page_with_offsets() {
+    let data = Positional::new(2000, 1 << 20);
+    let fs = data.fs(&config(10, 10, 2, 3, 0, 2));
+    let names = |path: &str, page| -> Vec<String> {
+        list_paged(&fs, walk(&fs, path).unwrap(), page)
+            .into_iter()
+            .map(|e| e.name)
+            .collect()
+    };
+    assert_eq!(names("", 3), [".", "..", "info.json", "epoch"]);
+    assert_eq!(names("epoch", 1), [".", "..", "0", "1"]);
+    assert_eq!(names("epoch/1", 3), [".", "..", "rank"]);
+    assert_eq!(names("epoch/1/rank", 2), [".", "..", "0", "1", "2"]);
+    let steps = names("epoch/1/rank/2/step", 3);
+    let mut expected = vec![".".to_string(), "..".to_string()];
+    for s in 0..33 {
+        expected.push(format!("{s}.npy"));
+        expected.push(format!("{s}.json"));
+    }
+    assert_eq!(steps, expected);
+    // Every listed entry resolves by lookup to the same inode and kind.
+    let dir = walk(&fs, "epoch/1/rank/2/step").unwrap();
+    for e in list_paged(&fs, dir, 7).into_iter().skip(2) {
+        let a = fs.lookup(dir, OsStr::new(&e.name)).unwrap();
+        assert_eq!((a.ino, a.kind), (e.ino, Kind::File));
+    }
+}
+
+#[test]
+fn huge_step_directory_lists_from_any_offset() {
+    // 4M tokens of u8 with window 1 and batch 1: 4,000,000 steps, 8,000,002 entries.
+    let data = Positional::with_dtype(4_000_000, 1 << 30, ScalarType::U8);
+    let fs = data.fs(&config(1, 1, 1, 1, 5, 1));
+    let dir = walk(&fs, "epoch/0/rank/0/step").unwrap();
+    for offset in [2u64, 3, 1_000_001, 7_999_999, 8_000_001] {
+        let mut sink = Pages {
+            entries: Vec::new(),
+            room: 2,
+        };
+        fs.readdir(dir, offset, &mut sink).unwrap();
+        let first = &sink.entries[0];
+        let k = offset - 2;
+        let want = format!("{}.{}", k / 2, if k % 2 == 0 { "npy" } else { "json" });
+        assert_eq!(first.name, want);
+        assert_eq!(first.next_offset, offset + 1);
+    }
+    let mut sink = Pages {
+        entries: Vec::new(),
+        room: 2,
+    };
+    fs.readdir(dir, 8_000_002, &mut sink).unwrap();
+    assert!(sink.entries.is_empty(), "listing ends exactly");
+    let last = fs.lookup(dir, OsStr::new("3999999.json")).unwrap();
+    assert_eq!(
+        fs.node(last.ino).unwrap(),
+        Node::StepJson(StepKey {
+            epoch: 0,
+            rank: 0,
+            step: 3_999_999
+        })
+    );
+    assert!(fs.lookup(dir, OsStr::new("4000000.npy")).is_err());
+}
+
+#[test]
+fn info_json_describes_the_mount() {
+    let data = Positional::new(10_000, 4096);
+    let fs = data.fs(&config(65, 64, 8, 4, 7, 3));
+    let info: serde_json::Value =
+        serde_json::from_slice(&read_all(&fs, walk(&fs, "info.json").unwrap())).unwrap();
+    let n_obs = (10_000 - 65) / 64 + 1;
+    assert_eq!(info["n_tokens"], 10_000);
+    assert_eq!(info["n_observations"], n_obs);
+    assert_eq!(info["window"], 65);
+    assert_eq!(info["stride"], 64);
+    assert_eq!(info["batch_size"], 8);
+    assert_eq!(info["ranks"], 4);
+    assert_eq!(info["seed"], 7);
+    assert_eq!(info["epochs"], 3);
+    assert_eq!(info["steps_per_epoch"], n_obs / 32);
+    assert_eq!(info["dtype"], "<u4");
+    let fp = info["fingerprint"].as_str().unwrap();
+    assert_eq!(fp.len(), 16);
+    // The fingerprint changes with every parameter and stays put otherwise.
+    let same = data.fs(&config(65, 64, 8, 4, 7, 3));
+    assert_eq!(same.view().fingerprint(), fp);
+    for other in [
+        config(66, 64, 8, 4, 7, 3),
+        config(65, 63, 8, 4, 7, 3),
+        config(65, 64, 16, 2, 7, 3),
+        config(65, 64, 8, 4, 8, 3),
+        config(65, 64, 8, 4, 7, 2),
+    ] {
+        assert_ne!(data.fs(&other).view().fingerprint(), fp, "{other:?}");
+    }
+    // ... and with the dataset content.
+    let other_data = Positional::new(10_001, 4096);
+    assert_ne!(
+        other_data
+            .fs(&config(65, 64, 8, 4, 7, 3))
+            .view()
+            .fingerprint(),
+        fp
+    );
+}
+
+#[test]
+fn same_global_batches_when_ranks_change_at_fixed_g() {
+    let data = Positional::new(20_000, 1 << 20);
+    let a = data.view(&config(50, 50, 8, 4, 3, 1));
+    let b = data.view(&config(50, 50, 32, 1, 3, 1));
+    for step in 0..a.plan().steps_per_epoch() {
+        let mut ga: Vec<u64> = (0..4)
+            .flat_map(|r| {
+                a.step_info(StepKey {
+                    epoch: 0,
+                    rank: r,
+                    step,
+                })
+                .observations
+            })
+            .collect();
+        let mut gb = b
+            .step_info(StepKey {
+                epoch: 0,
+                rank: 0,
+                step,
+            })
+            .observations;
+        ga.sort_unstable();
+        gb.sort_unstable();
+        assert_eq!(ga, gb, "step {step}");
+    }
+}
+
+#[test]
+fn too_small_dataset_is_refused_with_a_reason() {
+    let data = Positional::new(100, 1 << 20);
+    let err = shufflefs::view::View::open(&data.path(), &config(10, 10, 4, 4, 0, 1)).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("fewer than one global batch of 16"), "{msg}");
+}
