@@ -38,6 +38,8 @@ pub enum Command {
     Plan(PlanArgs),
     /// Write a raw token file of positional tokens (token i has value i), for demos and tests.
     Synth(SynthArgs),
+    /// Time reading step files: straight from the shards (the limit) or through a mount.
+    Bench(BenchArgs),
 }
 
 /// `shufflefs pack`.
@@ -157,4 +159,35 @@ pub struct SynthArgs {
     /// Token type: u8 u16 u32 u64 i32 i64.
     #[arg(long, default_value = "u32")]
     pub dtype: String,
+}
+
+/// Where `shufflefs bench` reads step files from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchSource {
+    /// pread exactly the windows of each step file straight from the shards.
+    Direct,
+    /// Read whole step files through a mount (`--mountpoint`).
+    Mount,
+}
+
+/// `shufflefs bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The packed dataset directory.
+    pub dataset_dir: PathBuf,
+    /// The plan (must match the mount's).
+    #[command(flatten)]
+    pub plan: PlanOptions,
+    /// Where to read from.
+    #[arg(long, value_enum)]
+    pub source: BenchSource,
+    /// The mount point, with `--source mount`.
+    #[arg(long)]
+    pub mountpoint: Option<PathBuf>,
+    /// Reader threads.
+    #[arg(long, default_value_t = 1)]
+    pub readers: usize,
+    /// Step files to read, in (epoch, step, rank) order, split round-robin over readers.
+    #[arg(long, default_value_t = 10_000)]
+    pub files: u64,
 }

@@ -70,6 +70,8 @@ pub struct Info {
     pub step_shape: [u64; 2],
     /// Size in bytes of every step `.npy`.
     pub step_file_bytes: u64,
+    /// Size of the `.npy` header: the data of every step file starts at this offset.
+    pub npy_header_bytes: u64,
     /// Number of shards.
     pub shards: usize,
     /// The dataset's content identity (from the manifest).
@@ -171,6 +173,7 @@ impl View {
             itemsize,
             step_shape: [config.batch_size, config.window],
             step_file_bytes,
+            npy_header_bytes: npy_header.len() as u64,
             shards: manifest.shards.len(),
             content_hash: manifest.content_hash.clone(),
             format_version: manifest.version,

@@ -1,5 +1,6 @@
 //! One module per subcommand: arguments in, library calls, output out.
 
+pub mod bench;
 pub mod inspect;
 pub mod mount;
 pub mod pack;
@@ -20,6 +21,7 @@ pub fn run(command: Command) -> Result<()> {
         Command::Inspect(args) => inspect::run(args),
         Command::Plan(args) => plan::run(args),
         Command::Synth(args) => synth::run(args),
+        Command::Bench(args) => bench::run(args),
     }
 }
 

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The test command: installs what it needs (fuse3), then runs the format check, clippy with
+# warnings as errors, the whole test suite, and the demo in check mode.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/ensure-fuse.sh
+ensure_fuse
+
+echo "== cargo fmt --check"
+cargo fmt --check
+echo "== cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets -- -D warnings
+echo "== cargo test"
+cargo test 2>&1 | tee target/test.log
+passed=$(awk '/^test result:/ { for (i = 1; i < NF; i++) if ($(i + 1) == "passed;") s += $i } END { print s + 0 }' target/test.log)
+echo "== demo (check mode)"
+scripts/demo.sh --check
+echo "== all checks passed: ${passed} tests"
