@@ -8,7 +8,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -110,6 +110,24 @@ impl Shard {
     }
 }
 
+fn shard_open_error(path: &Path, e: &io::Error) -> Error {
+    let message = match e.raw_os_error() {
+        Some(libc::ENOENT) => {
+            "shard listed in the manifest is missing; restore it or re-run `shufflefs pack`"
+                .to_string()
+        }
+        Some(libc::ELOOP) => "shard is a symbolic link, which shufflefs refuses to follow; \
+                              replace it with the file itself"
+            .to_string(),
+        Some(libc::EMFILE | libc::ENFILE) => format!(
+            "cannot open shard: {e}; the dataset has more shards than this process may open: \
+             raise the open-file limit (ulimit -n) or re-pack with a larger --shard-size"
+        ),
+        _ => format!("cannot open shard: {e}"),
+    };
+    Error::dataset(path, message)
+}
+
 /// An opened, validated dataset.
 #[derive(Debug)]
 pub struct Dataset {
@@ -142,17 +160,13 @@ impl Dataset {
         let mut shards = Vec::with_capacity(manifest.shards.len());
         for entry in &manifest.shards {
             let path = dir.join(&entry.path);
-            let file = File::open(&path).map_err(|e| {
-                let what = if e.kind() == io::ErrorKind::NotFound {
-                    "shard listed in the manifest is missing".to_string()
-                } else {
-                    format!("cannot open shard: {e}")
-                };
-                Error::dataset(
-                    &path,
-                    format!("{what}; restore it or re-run `shufflefs pack`"),
-                )
-            })?;
+            // O_NOFOLLOW: a shard must be the file in the dataset directory, not a symlink
+            // that could expose another file through the mount.
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)
+                .map_err(|e| shard_open_error(&path, &e))?;
             let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
             if !meta.is_file() {
                 return Err(Error::dataset(&path, "shard is not a regular file"));
@@ -268,7 +282,7 @@ impl Dataset {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::{ShardEntry, content_hash, format_hash, shard_name};
+    use crate::format::{ShardEntry, content_hash, format_hash};
 
     /// A dataset of u8 records 0..total split into shards of the given sizes.
     fn memory_dataset(sizes: &[u64]) -> (Dataset, Vec<u8>) {
@@ -281,12 +295,12 @@ mod tests {
             let bytes = stream[start..start + len as usize].to_vec();
             start += len as usize;
             entries.push(ShardEntry {
-                path: shard_name(i),
+                path: format!("s{i}"),
                 records: len,
                 bytes: len,
                 hash: format_hash(0),
             });
-            shards.push(Shard::new(shard_name(i), len, Arc::new(bytes)));
+            shards.push(Shard::new(format!("s{i}"), len, Arc::new(bytes)));
         }
         let manifest = Manifest {
             format: crate::format::FORMAT_NAME.into(),

@@ -22,6 +22,8 @@ pub enum Error {
     IsADirectory,
     /// Any attempt to modify the read-only tree.
     ReadOnly,
+    /// An access the permission bits forbid (executing a file).
+    PermissionDenied,
     /// Invalid user input: a CLI argument, an input file, a mount configuration.
     InvalidInput(String),
     /// The dataset on disk is not what its manifest says (bad manifest, missing or resized
@@ -86,6 +88,7 @@ impl Error {
             Error::NotADirectory => libc::ENOTDIR,
             Error::IsADirectory => libc::EISDIR,
             Error::ReadOnly => libc::EROFS,
+            Error::PermissionDenied => libc::EACCES,
             Error::InvalidInput(_) => libc::EINVAL,
             Error::Dataset { .. } => libc::EIO,
             Error::ShortRead { .. } => libc::EIO,
@@ -105,6 +108,7 @@ impl Error {
             | Error::NotADirectory
             | Error::IsADirectory
             | Error::ReadOnly
+            | Error::PermissionDenied
             | Error::InvalidInput(_) => log::Level::Debug,
             Error::Dataset { .. } | Error::ShortRead { .. } | Error::Io { .. } => log::Level::Error,
         }
@@ -118,6 +122,7 @@ impl fmt::Display for Error {
             Error::NotADirectory => write!(f, "not a directory"),
             Error::IsADirectory => write!(f, "is a directory"),
             Error::ReadOnly => write!(f, "shufflefs is read-only"),
+            Error::PermissionDenied => write!(f, "permission denied"),
             Error::InvalidInput(message) => write!(f, "{message}"),
             Error::Dataset { path, message } => write!(f, "{}: {message}", path.display()),
             Error::ShortRead {

@@ -74,11 +74,11 @@ impl Permutation {
         self.n == 0
     }
 
-    /// Maps position `i` to its shuffled value. Panics (debug) if `i >= n`; callers check
-    /// bounds first.
+    /// Maps position `i` to its shuffled value. Panics if `i >= n` (cycle walking from outside
+    /// the domain might never return); callers check bounds first.
     #[inline]
     pub fn apply(&self, i: u64) -> u64 {
-        debug_assert!(i < self.n, "index {i} out of range {}", self.n);
+        assert!(i < self.n, "index {i} out of range {}", self.n);
         let mut x = self.encrypt(i);
         while x >= self.n {
             x = self.encrypt(x);
@@ -89,7 +89,7 @@ impl Permutation {
     /// The inverse of [`Permutation::apply`]: the position whose value is `v`.
     #[inline]
     pub fn invert(&self, v: u64) -> u64 {
-        debug_assert!(v < self.n, "value {v} out of range {}", self.n);
+        assert!(v < self.n, "value {v} out of range {}", self.n);
         let mut x = self.decrypt(v);
         while x >= self.n {
             x = self.decrypt(x);

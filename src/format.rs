@@ -2,10 +2,17 @@
 //!
 //! ```text
 //! DATASET_DIR/
-//!   manifest.json        written last, by rename: a dataset without it does not exist
-//!   shard-00000.bin      records 0 .. n0 of the stream, headerless, little-endian
-//!   shard-00001.bin      records n0 .. n0+n1
+//!   manifest.json                written last, by rename: a dataset without it does not exist
+//!   shard-<pack>-00000.bin       records 0 .. n0 of the stream, headerless, little-endian
+//!   shard-<pack>-00001.bin       records n0 .. n0+n1
 //!   ...
+//! ```
+//!
+//! `<pack>` is an id unique to each run of `pack`, so a repack (`--force`) never overwrites a
+//! shard the current manifest references: the new manifest's rename switches datasets
+//! atomically.
+//!
+//! ```text
 //! ```
 //!
 //! The manifest is versioned ([`VERSION`]); a reader refuses any other version, any unknown
@@ -134,6 +141,9 @@ impl Manifest {
                 self.records
             ));
         }
+        if total.checked_mul(self.itemsize).is_none() {
+            return fail("the stream's byte size overflows 64 bits".into());
+        }
         if self.content_hash != content_hash(&self.shards) {
             return fail(format!(
                 "content_hash {:?} does not match the shard list; the manifest was edited",
@@ -156,9 +166,9 @@ impl Manifest {
     }
 }
 
-/// The name of shard `index`.
-pub fn shard_name(index: usize) -> String {
-    format!("shard-{index:05}.bin")
+/// The name of shard `index` written by the pack run `pack_id`.
+pub fn shard_name(pack_id: &str, index: usize) -> String {
+    format!("shard-{pack_id}-{index:05}.bin")
 }
 
 /// A shard path must be one plain file name inside the dataset directory.
@@ -172,12 +182,11 @@ fn check_shard_path(p: &str) -> std::result::Result<(), String> {
     }
 }
 
-/// The dataset identity over all shards: hash of each shard's name, size and content hash.
+/// The dataset identity over all shards: hash of each shard's size and content hash, in
+/// order. File names do not count: the same tokens packed twice have the same identity.
 pub fn content_hash(shards: &[ShardEntry]) -> String {
     let mut h = ContentHasher::new();
     for s in shards {
-        h.update(s.path.as_bytes());
-        h.update(&[0]);
         h.update(&s.bytes.to_le_bytes());
         h.update(&parse_hash(&s.hash).unwrap_or(0).to_le_bytes());
     }
@@ -276,13 +285,13 @@ mod tests {
     fn sample() -> Manifest {
         let shards = vec![
             ShardEntry {
-                path: shard_name(0),
+                path: shard_name("p", 0),
                 records: 10,
                 bytes: 40,
                 hash: format_hash(1),
             },
             ShardEntry {
-                path: shard_name(1),
+                path: shard_name("p", 1),
                 records: 5,
                 bytes: 20,
                 hash: format_hash(2),

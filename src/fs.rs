@@ -342,22 +342,42 @@ impl ShuffleFs {
         match node {
             Node::Info => self.view.info_json().len() as u64,
             Node::StepNpy(_) => self.view.step_npy_len(),
-            Node::StepJson(key) => self.view.step_json(key).len() as u64,
+            Node::StepJson(key) => self.view.step_json_len(key),
             _ => 0,
         }
     }
 
-    /// Checks that `ino` can be opened with the given access: files read-only, and no
-    /// directories through `open`.
-    pub fn open(&self, ino: u64, write: bool) -> Result<Node> {
+    /// Whether inode `ino` exists (no work beyond decoding the number).
+    pub fn exists(&self, ino: u64) -> Result<()> {
+        self.node(ino).map(|_| ())
+    }
+
+    /// Checks that `ino` can be opened with the `open(2)` flags `flags`: files only, and
+    /// nothing that writes (write access, `O_TRUNC`, `O_APPEND`, `O_CREAT`).
+    pub fn open(&self, ino: u64, flags: i32) -> Result<Node> {
         let node = self.node(ino)?;
         if node.kind() == Kind::Directory {
             return Err(Error::IsADirectory);
         }
-        if write {
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY
+            || flags & (libc::O_TRUNC | libc::O_APPEND | libc::O_CREAT) != 0;
+        if writes {
             return Err(Error::ReadOnly);
         }
         Ok(node)
+    }
+
+    /// `access(2)` on `ino` with `mask` (`R_OK`, `W_OK`, `X_OK` bits): write is `EROFS`,
+    /// execute on a file is `EACCES`, read and lookup are allowed.
+    pub fn access(&self, ino: u64, mask: i32) -> Result<()> {
+        let node = self.node(ino)?;
+        if mask & libc::W_OK != 0 {
+            return Err(Error::ReadOnly);
+        }
+        if mask & libc::X_OK != 0 && node.kind() == Kind::File {
+            return Err(Error::PermissionDenied);
+        }
+        Ok(())
     }
 
     /// Checks that `ino` is a directory.
@@ -452,7 +472,7 @@ impl ShuffleFs {
     /// exactly the file's bytes; nothing at or past the end.
     pub fn read(&self, ino: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<()> {
         out.clear();
-        let node = self.open(ino, false)?;
+        let node = self.open(ino, libc::O_RDONLY)?;
         match node {
             Node::StepNpy(key) => {
                 let len = self.view.step_npy_len();
@@ -463,7 +483,7 @@ impl ShuffleFs {
                 let n = self.view.read_step_npy(key, offset, out)?;
                 out.truncate(n);
             }
-            Node::StepJson(key) => copy_range(&self.view.step_json(key), offset, size, out),
+            Node::StepJson(key) => self.view.read_step_json(key, offset, size, out),
             Node::Info => copy_range(self.view.info_json(), offset, size, out),
             _ => return Err(Error::IsADirectory),
         }

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime};
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, Request,
 };
 use log::{debug, log};
 
@@ -26,6 +26,8 @@ pub struct FuseAdapter {
     uid: u32,
     gid: u32,
     mtime: SystemTime,
+    /// How files are opened; chosen at `init` from what the kernel supports.
+    open_flags: FopenFlags,
 }
 
 impl FuseAdapter {
@@ -36,6 +38,7 @@ impl FuseAdapter {
             uid,
             gid,
             mtime,
+            open_flags: FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
         }
     }
 
@@ -93,6 +96,16 @@ impl Filesystem for FuseAdapter {
         if let Err(missing) = config.add_capabilities(supported) {
             debug!("kernel refused capabilities {missing:?}");
         }
+        // direct_io: every read comes to the daemon, which answers from the shards without
+        // double-buffering in the page cache. Without DIRECT_IO_ALLOW_MMAP (Linux < 6.6) a
+        // direct_io file cannot be mmapped (numpy's mmap_mode='r'), so fall back to the page
+        // cache, which is always correct here because files never change.
+        self.open_flags = if supported.contains(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP) {
+            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH
+        } else {
+            log::info!("kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP: serving through the page cache");
+            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH
+        };
         Ok(())
     }
 
@@ -114,15 +127,9 @@ impl Filesystem for FuseAdapter {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let write = flags.acc_mode() != OpenAccMode::O_RDONLY
-            || flags.0 & (libc::O_TRUNC | libc::O_APPEND | libc::O_CREAT) != 0;
-        match self.fs.open(ino.0, write) {
-            // direct_io: every read comes to the daemon, which answers from the shards without
-            // double-buffering in the page cache; noflush: close() costs no round trip.
-            Ok(_) => reply.opened(
-                FileHandle(0),
-                FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH,
-            ),
+        match self.fs.open(ino.0, flags.0) {
+            // noflush: close() costs no round trip.
+            Ok(_) => reply.opened(FileHandle(0), self.open_flags),
             Err(e) => reply.error(fail("open", ino.0, &e)),
         }
     }
@@ -193,11 +200,8 @@ impl Filesystem for FuseAdapter {
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        match self.fs.getattr(ino.0) {
-            Ok(_) if mask.contains(fuser::AccessFlags::W_OK) => {
-                reply.error(fail("access", ino.0, &Error::ReadOnly))
-            }
-            Ok(_) => reply.ok(),
+        match self.fs.access(ino.0, mask.bits()) {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(fail("access", ino.0, &e)),
         }
     }
@@ -340,16 +344,16 @@ impl Filesystem for FuseAdapter {
         _size: u32,
         reply: fuser::ReplyXattr,
     ) {
-        match self.fs.getattr(ino.0) {
-            Ok(_) => reply.error(Errno::from_i32(libc::ENODATA)),
+        match self.fs.exists(ino.0) {
+            Ok(()) => reply.error(Errno::from_i32(libc::ENODATA)),
             Err(e) => reply.error(fail("getxattr", ino.0, &e)),
         }
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
-        match self.fs.getattr(ino.0) {
-            Ok(_) if size == 0 => reply.size(0),
-            Ok(_) => reply.data(&[]),
+        match self.fs.exists(ino.0) {
+            Ok(()) if size == 0 => reply.size(0),
+            Ok(()) => reply.data(&[]),
             Err(e) => reply.error(fail("listxattr", ino.0, &e)),
         }
     }

@@ -38,10 +38,11 @@ impl Write for SwitchWriter {
             Sink::Syslog => {
                 let text = String::from_utf8_lossy(buf);
                 let line = text.trim_end().replace('\0', " ");
+                let priority = syslog_priority(&line);
                 if let Ok(c) = CString::new(line) {
                     // SAFETY: "%s" with one NUL-terminated string argument is a valid format
                     // call; `c` lives across the call.
-                    unsafe { libc::syslog(libc::LOG_NOTICE, c"%s".as_ptr(), c.as_ptr()) };
+                    unsafe { libc::syslog(priority, c"%s".as_ptr(), c.as_ptr()) };
                 }
             }
             Sink::Discard => {}
@@ -51,6 +52,20 @@ impl Write for SwitchWriter {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+/// The syslog priority of a formatted line (`[time LEVEL target] message`).
+fn syslog_priority(line: &str) -> libc::c_int {
+    let head = line.get(..40).unwrap_or(line);
+    if head.contains(" ERROR ") {
+        libc::LOG_ERR
+    } else if head.contains(" WARN ") {
+        libc::LOG_WARNING
+    } else if head.contains(" INFO ") {
+        libc::LOG_INFO
+    } else {
+        libc::LOG_DEBUG
     }
 }
 

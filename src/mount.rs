@@ -126,14 +126,18 @@ impl Mounted {
 
     fn shutdown(&mut self) -> Result<()> {
         let mut result = Ok(());
-        if let Some(mut unmounter) = self.unmounter.take()
-            && let Err(e) = unmounter.unmount()
-        {
-            warn!(
-                "unmount of {} failed ({e}); detaching lazily",
-                self.mountpoint.display()
-            );
-            result = detach(&self.mountpoint);
+        if let Some(mut unmounter) = self.unmounter.take() {
+            if let Err(e) = unmounter.unmount() {
+                warn!(
+                    "unmount of {} failed ({e}); detaching lazily",
+                    self.mountpoint.display()
+                );
+            }
+            // fuser reports success for some failed unmounts (the fusermount path): trust the
+            // mount table, and detach whatever of ours is still there.
+            if find_mount(&self.mountpoint).is_ok_and(|m| m.is_some_and(|m| m.is_shufflefs())) {
+                result = detach(&self.mountpoint);
+            }
         }
         if let Some(thread) = self.thread.take() {
             // After unmount the kernel ends the session; a lazily detached mount ends when its
@@ -148,6 +152,12 @@ impl Mounted {
                     Ok(Err(e)) => warn!("FUSE session ended with an error: {e}"),
                     Err(_) => warn!("FUSE session thread panicked"),
                 }
+            } else {
+                warn!(
+                    "{} is detached but still in use; its last reader will see ENOTCONN once \
+                     this process exits",
+                    self.mountpoint.display()
+                );
             }
         }
         result
@@ -189,25 +199,38 @@ pub enum MountState {
     Stale(MountEntry),
 }
 
-/// Absolute form of `path` without touching the last component (which may be a dead mount,
-/// where `canonicalize` fails).
+/// Absolute form of `path`, resolving symbolic links but never calling `stat` on the mount
+/// point itself (a dead FUSE mount answers `ENOTCONN`, where `canonicalize` fails).
 pub fn absolute_mountpoint(path: &Path) -> Result<PathBuf> {
-    let name = path.file_name().ok_or_else(|| {
-        Error::invalid(format!(
-            "mount point {} is not a directory name",
-            path.display()
-        ))
-    })?;
-    let parent = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let parent = parent.canonicalize().map_err(|e| Error::io(&parent, e))?;
-    Ok(parent.join(name))
+    let mut path = path.to_path_buf();
+    for _ in 0..40 {
+        let Some(name) = path.file_name().map(|n| n.to_os_string()) else {
+            // `.`, `..` or `/`: no mount point can be dead there from our point of view.
+            return path.canonicalize().map_err(|e| Error::io(&path, e));
+        };
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let parent = parent.canonicalize().map_err(|e| Error::io(&parent, e))?;
+        let candidate = parent.join(&name);
+        // lstat works on a dead mount point; only a symlink needs resolving.
+        match fs::symlink_metadata(&candidate) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = fs::read_link(&candidate).map_err(|e| Error::io(&candidate, e))?;
+                path = parent.join(target);
+            }
+            _ => return Ok(candidate),
+        }
+    }
+    Err(Error::invalid(format!(
+        "{}: too many levels of symbolic links",
+        path.display()
+    )))
 }
 
-/// Inspects what is mounted at `mountpoint` (absolute) from /proc/self/mountinfo.
-pub fn mount_state(mountpoint: &Path) -> Result<MountState> {
+/// The top mount at `mountpoint` (absolute) in /proc/self/mountinfo, if any.
+pub fn find_mount(mountpoint: &Path) -> Result<Option<MountEntry>> {
     let table = fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| Error::io("/proc/self/mountinfo", e))?;
     let target = mountpoint.as_os_str().as_encoded_bytes();
@@ -225,17 +248,47 @@ pub fn mount_state(mountpoint: &Path) -> Result<MountState> {
             });
         }
     }
-    let Some(entry) = found else {
+    Ok(found)
+}
+
+/// How long a FUSE daemon may take to answer the liveness probe.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Inspects what is mounted at `mountpoint` (absolute) and whether a FUSE mount's daemon is
+/// alive.
+pub fn mount_state(mountpoint: &Path) -> Result<MountState> {
+    let Some(entry) = find_mount(mountpoint)? else {
         return Ok(MountState::NotMounted);
     };
     if !entry.fstype.starts_with("fuse") {
         return Ok(MountState::Live(entry));
     }
     // statfs always reaches the daemon (stat may be answered from the kernel's attribute
-    // cache), so it tells a dead FUSE connection from a live one.
-    match nix::sys::statfs::statfs(mountpoint) {
+    // cache), so it tells a dead FUSE connection (ENOTCONN / ECONNABORTED) from a live one.
+    // A hung daemon never answers: probe from a thread and give up after a timeout.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let probe_path = mountpoint.to_path_buf();
+    let spawned = std::thread::Builder::new()
+        .name("statfs-probe".into())
+        .spawn(move || {
+            let _ = tx.send(nix::sys::statfs::statfs(&probe_path).map(|_| ()));
+        });
+    if spawned.is_err() {
+        return Ok(MountState::Live(entry));
+    }
+    match rx.recv_timeout(PROBE_TIMEOUT) {
+        Err(_) => Err(Error::invalid(format!(
+            "{}: the {} mount of {} does not answer (its daemon hangs); unmount it with \
+             `shufflefs unmount --lazy {}`",
+            mountpoint.display(),
+            entry.fstype,
+            entry.source,
+            mountpoint.display()
+        ))),
+        Ok(Err(nix::errno::Errno::ENOTCONN | nix::errno::Errno::ECONNABORTED)) => {
+            Ok(MountState::Stale(entry))
+        }
         Ok(_) => Ok(MountState::Live(entry)),
-        Err(_) => Ok(MountState::Stale(entry)),
     }
 }
 
@@ -317,11 +370,12 @@ pub fn detach(mountpoint: &Path) -> Result<()> {
 /// busy, or a lazy detach when `lazy`.
 pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<()> {
     let abs = absolute_mountpoint(mountpoint)?;
-    match mount_state(&abs)? {
-        MountState::NotMounted => {
+    // Decide from the mount table alone: probing a hung daemon would hang here too.
+    match find_mount(&abs)? {
+        None => {
             return Err(Error::invalid(format!("{} is not mounted", abs.display())));
         }
-        MountState::Live(entry) | MountState::Stale(entry) if !entry.is_shufflefs() => {
+        Some(entry) if !entry.is_shufflefs() => {
             return Err(Error::invalid(format!(
                 "{} is a {} mount of {}, not shufflefs; refusing to unmount it",
                 abs.display(),
@@ -329,7 +383,7 @@ pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<()> {
                 entry.source
             )));
         }
-        _ => {}
+        Some(_) => {}
     }
     if lazy {
         return detach(&abs);
@@ -385,6 +439,13 @@ mod tests {
             absolute_mountpoint(&p).unwrap(),
             dir.path().canonicalize().unwrap().join("not-yet")
         );
-        assert!(absolute_mountpoint(Path::new("/")).is_err());
+        assert_eq!(absolute_mountpoint(Path::new("/")).unwrap(), Path::new("/"));
+        let real = dir.path().join("real");
+        fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink("real", dir.path().join("link")).unwrap();
+        assert_eq!(
+            absolute_mountpoint(&dir.path().join("link")).unwrap(),
+            real.canonicalize().unwrap()
+        );
     }
 }

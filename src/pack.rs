@@ -1,11 +1,13 @@
 //! `shufflefs pack`: concatenate input token files into shards plus a manifest.
 //!
-//! Inputs are checked completely before anything is written (existence, size a multiple of
-//! the record size, `.npy` header, dtype and shape), so a bad input fails fast with its file
-//! named. Shards are written under a temporary name, fsynced and renamed; the manifest is
-//! written last the same way. Until the manifest's rename, the directory holds no dataset, so
-//! a crashed or failed pack never leaves something that mounts, and a failed pack removes what
-//! it wrote.
+//! Inputs are checked completely before anything is written (existence, regular file, size a
+//! multiple of the record size, `.npy` header, dtype and shape; a file is `.npy` when it starts
+//! with numpy's magic, whatever its name), so a bad input fails fast with its file named.
+//! Shards are written under a temporary name, fsynced and renamed to names unique to this pack
+//! run; the directory is fsynced, then the manifest is written last the same way. Until the
+//! manifest's rename the directory holds no new dataset, so a crashed or failed pack never
+//! leaves something that mounts, a failed pack removes what it wrote, and `--force` replaces
+//! an existing dataset atomically (its old shards are deleted only after the switch).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -71,18 +73,33 @@ fn bad_size(text: &str) -> Error {
 
 /// Checks one input and returns where its records are.
 fn check_input(path: &Path, dtype: ScalarType) -> Result<Input> {
-    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    // metadata before open: opening a FIFO would block.
+    let meta = fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if !meta.is_file() {
         return Err(Error::invalid(format!(
             "{}: not a regular file",
             path.display()
         )));
     }
+    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
     let len = meta.len();
     let itemsize = dtype.size() as u64;
-    let is_npy = path.extension().is_some_and(|e| e == "npy");
-    if !is_npy {
+    let mut magic = [0u8; 6];
+    let has_magic = len >= 6
+        && file.read_exact(&mut magic).is_ok()
+        && &magic == npy::MAGIC
+        && file.rewind().is_ok();
+    let named_npy = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("npy"));
+    if named_npy && !has_magic {
+        return Err(Error::invalid(format!(
+            "{}: named .npy but has no numpy header (\\x93NUMPY); rename it if it is a raw \
+             token file",
+            path.display()
+        )));
+    }
+    if !has_magic {
         if len % itemsize != 0 {
             return Err(Error::invalid(format!(
                 "{}: {len} bytes is not a whole number of {dtype} tokens ({itemsize} bytes \
@@ -132,7 +149,7 @@ fn check_input(path: &Path, dtype: ScalarType) -> Result<Input> {
     let data_bytes = count
         .checked_mul(itemsize)
         .ok_or_else(|| Error::invalid(format!("{}: shape {count} overflows", path.display())))?;
-    if header.data_offset + data_bytes != len {
+    if header.data_offset.checked_add(data_bytes) != Some(len) {
         return Err(Error::invalid(format!(
             "{}: header promises {count} elements ({data_bytes} bytes after a {}-byte \
              header) but the file is {len} bytes: truncated or not a plain array",
@@ -186,13 +203,16 @@ pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Man
         .iter()
         .map(|p| check_input(p, options.dtype))
         .collect::<Result<_>>()?;
-    let total_bytes: u64 = checked.iter().map(|i| i.data_bytes).sum();
+    let total_bytes = checked
+        .iter()
+        .try_fold(0u64, |acc, i| acc.checked_add(i.data_bytes))
+        .ok_or_else(|| Error::invalid("the inputs together exceed 2^64 bytes"))?;
     if total_bytes == 0 {
         return Err(Error::invalid("the inputs hold no tokens"));
     }
     fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let manifest_path = dir.join(MANIFEST);
-    if manifest_path.exists() {
+    let old = if manifest_path.exists() {
         if !options.force {
             return Err(Error::invalid(format!(
                 "{} already holds a dataset ({MANIFEST} exists): choose another directory or \
@@ -200,41 +220,53 @@ pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Man
                 dir.display()
             )));
         }
-        remove_dataset(dir)?;
-    }
+        fs::read(&manifest_path)
+            .ok()
+            .and_then(|b| Manifest::parse(&b, &manifest_path).ok())
+    } else {
+        None
+    };
+    let pack_id = new_pack_id();
     let mut written = Written::default();
     let result = write_shards(
         dir,
+        &pack_id,
         &checked,
         shard_records * itemsize,
         options,
         &mut written,
     )
     .and_then(|shards| write_manifest(dir, shards, options.dtype, &mut written));
-    if result.is_err() {
-        written.cleanup();
+    match &result {
+        Ok(new) => {
+            // The new manifest is in place: shards only the old one referenced are garbage.
+            if let Some(old) = old {
+                for s in old
+                    .shards
+                    .iter()
+                    .filter(|s| !new.shards.iter().any(|n| n.path == s.path))
+                {
+                    let _ = fs::remove_file(dir.join(&s.path));
+                }
+            }
+        }
+        Err(_) => written.cleanup(),
     }
     result
 }
 
-/// Removes an existing dataset: the manifest first (so a crash midway leaves no dataset),
-/// then the shards it lists.
-fn remove_dataset(dir: &Path) -> Result<()> {
-    let manifest_path = dir.join(MANIFEST);
-    let old = fs::read(&manifest_path)
-        .ok()
-        .and_then(|b| Manifest::parse(&b, &manifest_path).ok());
-    fs::remove_file(&manifest_path).map_err(|e| Error::io(&manifest_path, e))?;
-    if let Some(old) = old {
-        for s in old.shards {
-            let _ = fs::remove_file(dir.join(s.path));
-        }
-    }
-    Ok(())
+/// An id unique to one pack run (time and process id, mixed), 8 hex digits.
+fn new_pack_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let id = crate::feistel::mix(nanos ^ (u64::from(std::process::id()) << 40));
+    format!("{:08x}", id >> 32)
 }
 
 fn write_shards(
     dir: &Path,
+    pack_id: &str,
     inputs: &[Input],
     shard_bytes: u64,
     options: &PackOptions,
@@ -253,7 +285,7 @@ fn write_shards(
             let shard = match current.as_mut() {
                 Some(s) => s,
                 None => {
-                    let name = shard_name(shards.len());
+                    let name = shard_name(pack_id, shards.len());
                     let tmp = dir.join(format!("{name}.tmp"));
                     let f = OpenOptions::new()
                         .write(true)
@@ -287,18 +319,37 @@ fn write_shards(
             left -= want as u64;
             if shard.bytes == shard_bytes {
                 let done = current.take().expect("current shard");
-                shards.push(finish_shard(dir, shards.len(), done, itemsize, written)?);
+                shards.push(finish_shard(
+                    dir,
+                    pack_id,
+                    shards.len(),
+                    done,
+                    itemsize,
+                    written,
+                )?);
             }
         }
     }
     if let Some(done) = current.take() {
-        shards.push(finish_shard(dir, shards.len(), done, itemsize, written)?);
+        shards.push(finish_shard(
+            dir,
+            pack_id,
+            shards.len(),
+            done,
+            itemsize,
+            written,
+        )?);
     }
+    // The shard renames must be durable before a manifest can reference them.
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, e))?;
     Ok(shards)
 }
 
 fn finish_shard(
     dir: &Path,
+    pack_id: &str,
     index: usize,
     shard: ShardWriter,
     itemsize: u64,
@@ -308,7 +359,7 @@ fn finish_shard(
         .file
         .sync_all()
         .map_err(|e| Error::io(&shard.tmp, e))?;
-    let name = shard_name(index);
+    let name = shard_name(pack_id, index);
     let path = dir.join(&name);
     fs::rename(&shard.tmp, &path).map_err(|e| Error::io(&path, e))?;
     written.files.push(path.clone());
@@ -345,11 +396,17 @@ fn write_manifest(
         let mut f = File::create(&tmp)?;
         f.write_all(&manifest.to_bytes())?;
         f.sync_all()?;
-        fs::rename(&tmp, &path)?;
-        // Make the renames durable.
-        File::open(dir)?.sync_all()
+        fs::rename(&tmp, &path)
     };
     write().map_err(|e| Error::io(&path, e))?;
+    // The dataset exists from the rename on; a failure to make it durable is worth a warning
+    // but must not delete the shards it references.
+    if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+        log::warn!(
+            "{}: fsync after writing the manifest failed: {e}",
+            dir.display()
+        );
+    }
     Ok(manifest)
 }
 

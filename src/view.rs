@@ -9,6 +9,7 @@
 use std::path::Path;
 
 use serde::Serialize;
+use serde::ser::{SerializeStruct, Serializer};
 
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
@@ -146,6 +147,22 @@ impl View {
                 config.ranks
             )));
         }
+        // Every file must be numberable (see fs.rs); checked here so `plan` and `bench` refuse
+        // exactly what `mount` refuses.
+        plan.epochs()
+            .checked_mul(plan.ranks())
+            .and_then(|er| er.checked_mul(plan.steps_per_epoch()))
+            .and_then(|files| files.checked_mul(2))
+            .and_then(|files| files.checked_add(4 * plan.epochs() * (plan.ranks() + 1)))
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "{} epochs x {} ranks x {} steps is too many files to number; lower \
+                     --epochs",
+                    plan.epochs(),
+                    plan.ranks(),
+                    plan.steps_per_epoch()
+                ))
+            })?;
         let npy_header = npy::header(&record.npy_descr(), &[config.batch_size, config.window])?;
         let data_bytes = config
             .batch_size
@@ -250,9 +267,37 @@ impl View {
 
     /// The bytes of `S.json` for `key` (compact JSON and a newline).
     pub fn step_json(&self, key: StepKey) -> Vec<u8> {
-        let mut out = serde_json::to_vec(&self.step_info(key)).expect("step info serializes");
-        out.push(b'\n');
+        let mut out = Vec::new();
+        self.write_step_json(key, &mut out);
         out
+    }
+
+    /// Size of `S.json` for `key`, computed by serializing into a counter: O(batch_size) time,
+    /// no allocation, whatever the batch size.
+    pub fn step_json_len(&self, key: StepKey) -> u64 {
+        let mut counter = Counter(0);
+        self.write_step_json(key, &mut counter);
+        counter.0
+    }
+
+    /// Appends bytes `[offset, offset + size)` of `S.json` for `key` to `out`, without
+    /// building the whole file.
+    pub fn read_step_json(&self, key: StepKey, offset: u64, size: u32, out: &mut Vec<u8>) {
+        let end = offset.saturating_add(u64::from(size));
+        let mut window = RangeWriter {
+            pos: 0,
+            start: offset,
+            end,
+            out,
+        };
+        self.write_step_json(key, &mut window);
+    }
+
+    fn write_step_json<W: std::io::Write>(&self, key: StepKey, w: &mut W) {
+        // Errors only come from RangeWriter stopping early once its range is complete.
+        let _ = serde_json::to_writer(&mut *w, &LazyStepInfo { view: self, key })
+            .map_err(std::io::Error::from)
+            .and_then(|()| w.write_all(b"\n"));
     }
 
     /// Fills `buf` with the bytes of `S.npy` for `key` starting at `offset`, and returns how
@@ -306,24 +351,114 @@ impl View {
 /// The fingerprint covers every input that determines the served bytes and their order:
 /// formats and algorithm, the plan parameters, and the dataset identity.
 fn fingerprint(info: &Info, manifest: &format::Manifest) -> String {
-    let canonical = serde_json::json!({
-        "format": format::FORMAT_NAME,
-        "format_version": manifest.version,
-        "algorithm": feistel::ALGORITHM,
-        "npy": "1.0",
-        "mode": info.mode,
-        "dtype": info.dtype,
-        "n_tokens": info.n_tokens,
-        "window": info.window,
-        "stride": info.stride,
-        "batch_size": info.batch_size,
-        "ranks": info.ranks,
-        "seed": info.seed,
-        "epochs": info.epochs,
-        "shards": manifest.shards.iter().map(|s| (&s.path, s.bytes, &s.hash)).collect::<Vec<_>>(),
-        "content_hash": manifest.content_hash,
-    });
+    // An explicit canonical text, one `key=value` line each in a fixed order, so the value
+    // depends on nothing but these inputs.
+    let mut canonical = format!(
+        "format={}\nformat_version={}\nalgorithm={}\nnpy=1.0\nmode={}\ndtype={}\n\
+         n_tokens={}\nwindow={}\nstride={}\nbatch_size={}\nranks={}\nseed={}\nepochs={}\n\
+         content_hash={}\n",
+        format::FORMAT_NAME,
+        manifest.version,
+        feistel::ALGORITHM,
+        info.mode,
+        info.dtype,
+        info.n_tokens,
+        info.window,
+        info.stride,
+        info.batch_size,
+        info.ranks,
+        info.seed,
+        info.epochs,
+        manifest.content_hash,
+    );
+    for s in &manifest.shards {
+        canonical.push_str(&format!("shard={},{}\n", s.bytes, s.hash));
+    }
     let mut h = ContentHasher::new();
-    h.update(canonical.to_string().as_bytes());
+    h.update(canonical.as_bytes());
     format::format_hash(h.finish())
+}
+
+/// Serializes exactly like [`StepInfo`] but streams the observation lists from the
+/// permutation instead of collecting them.
+struct LazyStepInfo<'a> {
+    view: &'a View,
+    key: StepKey,
+}
+
+struct Seq<I>(std::cell::Cell<Option<I>>);
+
+impl<I: Iterator<Item = u64>> Serialize for Seq<I> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.take().expect("serialized once"))
+    }
+}
+
+impl Serialize for LazyStepInfo<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let (view, key) = (self.view, self.key);
+        let windows = view.windows;
+        let mut st = s.serialize_struct("StepInfo", 7)?;
+        st.serialize_field("epoch", &key.epoch)?;
+        st.serialize_field("rank", &key.rank)?;
+        st.serialize_field("step", &key.step)?;
+        st.serialize_field(
+            "global_step",
+            &(key.epoch * view.plan.steps_per_epoch() + key.step),
+        )?;
+        st.serialize_field(
+            "observations",
+            &Seq(std::cell::Cell::new(Some(view.plan.observations(key)))),
+        )?;
+        st.serialize_field(
+            "token_starts",
+            &Seq(std::cell::Cell::new(Some(
+                view.plan
+                    .observations(key)
+                    .map(move |o| windows.first_record(o)),
+            ))),
+        )?;
+        st.serialize_field("fingerprint", &view.info.fingerprint)?;
+        st.end()
+    }
+}
+
+/// Counts bytes written.
+struct Counter(u64);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Keeps the bytes of `[start, end)` of what is written, and stops the writer once past it.
+struct RangeWriter<'a> {
+    pos: u64,
+    start: u64,
+    end: u64,
+    out: &'a mut Vec<u8>,
+}
+
+impl std::io::Write for RangeWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.pos >= self.end {
+            return Err(std::io::Error::other("range complete"));
+        }
+        let from = self.start.max(self.pos);
+        let to = self.end.min(self.pos + buf.len() as u64);
+        if from < to {
+            self.out
+                .extend_from_slice(&buf[(from - self.pos) as usize..(to - self.pos) as usize]);
+        }
+        self.pos += buf.len() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

@@ -98,13 +98,18 @@ fn read_file(mountpoint: &Path, key: StepKey, buf: &mut [u8]) -> Result<u64> {
     let mut f = File::open(&path).map_err(|e| Error::io(&path, e))?;
     let mut filled = 0;
     loop {
-        let n = f.read(&mut buf[filled..]).map_err(|e| Error::io(&path, e))?;
+        let n = f
+            .read(&mut buf[filled..])
+            .map_err(|e| Error::io(&path, e))?;
         if n == 0 {
             return Ok(filled as u64);
         }
         filled += n;
         if filled == buf.len() {
-            return Err(Error::invalid(format!("{}: longer than stat says", path.display())));
+            return Err(Error::invalid(format!(
+                "{}: longer than stat says",
+                path.display()
+            )));
         }
     }
 }

@@ -24,7 +24,19 @@ use crate::mount::{MountOptions, default_threads, mount, prepare_mountpoint};
 use crate::view::{View, ViewConfig};
 
 /// Runs `mount`.
-pub fn run(args: MountArgs) -> Result<()> {
+pub fn run(mut args: MountArgs) -> Result<()> {
+    raise_open_file_limit();
+    if let Some(path) = &args.log_file {
+        // The daemon changes directory to /: resolve the path now, and prove it is writable
+        // while errors still reach the terminal.
+        let abs = std::path::absolute(path).map_err(|e| Error::io(path, e))?;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&abs)
+            .map_err(|e| Error::io(&abs, e))?;
+        args.log_file = Some(abs);
+    }
     let view = View::open(&args.dataset_dir, &ViewConfig::from(&args.plan))?;
     let info = view.info();
     info!(
@@ -54,15 +66,27 @@ pub fn run(args: MountArgs) -> Result<()> {
     if args.foreground {
         return serve(fs, &mountpoint, &options, None);
     }
-    let (read_end, write_end) = nix::unistd::pipe().map_err(|e| Error::io("pipe", e.into()))?;
-    // SAFETY: the process is still single-threaded (no thread has been spawned yet: the view
-    // and the mount-point check run on this thread only), so the child may run arbitrary
-    // code after fork.
+    // Close-on-exec, so helpers spawned while mounting (fusermount3) do not hold the pipe.
+    let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| Error::io("pipe", e.into()))?;
+    if thread_count() != Some(1) {
+        return Err(Error::invalid(
+            "internal error: threads exist before fork; run with --foreground",
+        ));
+    }
+    // SAFETY: the process is single-threaded (checked just above), so the child may run
+    // arbitrary code after fork.
     match unsafe { fork() }.map_err(|e| Error::io("fork", e.into()))? {
         ForkResult::Parent { child } => {
             drop(write_end);
             let mut status = [0u8; 1];
-            let ready = File::from(read_end).read(&mut status).ok() == Some(1);
+            let mut pipe = File::from(read_end);
+            let ready = loop {
+                match pipe.read(&mut status) {
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    other => break other.ok() == Some(1),
+                }
+            };
             if ready && status[0] == b'1' {
                 println!(
                     "mounted {} at {} (daemon pid {child}, fingerprint {})",
@@ -106,6 +130,31 @@ fn fs_fingerprint_hint(mountpoint: &Path) -> String {
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .and_then(|v| v["fingerprint"].as_str().map(str::to_string))
         .unwrap_or_else(|| "?".into())
+}
+
+/// Number of threads of this process, from /proc/self/status.
+fn thread_count() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+}
+
+/// One descriptor stays open per shard: raise the soft open-file limit to the hard limit.
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to an rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
 }
 
 /// What a background daemon does once mounted.

@@ -223,7 +223,7 @@ fn pack_refuses_bad_inputs_and_leaves_nothing() {
     // The packed stream is the .npy payload, byte for byte, concatenated in order.
     let raw = fs::read(p("u2.npy")).unwrap();
     let payload = &raw[128..];
-    let shard = fs::read(ds.join("shard-00000.bin")).unwrap();
+    let shard = fs::read(&shard_paths(&ds)[0]).unwrap();
     assert_eq!(&shard[..2000], payload);
     assert_eq!(&shard[2000..], payload);
 }
@@ -253,13 +253,16 @@ fn mount_refuses_broken_datasets_naming_the_file() {
         ])
     };
     // Truncated shard.
-    let shard = ds.join("shard-00001.bin");
+    let shard = shard_paths(&ds)[1].clone();
+    let name = shard.file_name().unwrap().to_str().unwrap().to_string();
     let original = fs::read(&shard).unwrap();
     fs::write(&shard, &original[..100]).unwrap();
     let o = mount(&ds);
     assert_eq!(o.status.code(), Some(1));
     assert!(
-        stderr(&o).contains("shard-00001.bin: shard is 100 bytes but the manifest records 4096"),
+        stderr(&o).contains(&format!(
+            "{name}: shard is 100 bytes but the manifest records 4096"
+        )),
         "{}",
         stderr(&o)
     );
@@ -267,10 +270,15 @@ fn mount_refuses_broken_datasets_naming_the_file() {
     fs::remove_file(&shard).unwrap();
     let o = mount(&ds);
     assert!(
-        stderr(&o).contains("shard-00001.bin: shard listed in the manifest is missing"),
+        stderr(&o).contains(&format!("{name}: shard listed in the manifest is missing")),
         "{}",
         stderr(&o)
     );
+    // A symlink in place of a shard is refused (it could expose another file).
+    std::os::unix::fs::symlink("/etc/hostname", &shard).unwrap();
+    let o = mount(&ds);
+    assert!(stderr(&o).contains("symbolic link"), "{}", stderr(&o));
+    fs::remove_file(&shard).unwrap();
     fs::write(&shard, &original).unwrap();
     // Corrupt manifest.
     let manifest = ds.join("manifest.json");
@@ -395,7 +403,17 @@ fn sigterm_and_sigint_unmount_cleanly() {
         let open = fs::File::open(mnt.path().join("info.json")).unwrap();
         // SAFETY: sending a signal to our own child.
         unsafe { libc::kill(child.id() as i32, signal) };
-        let status = child.wait().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("daemon did not exit after signal {signal}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
         assert_eq!(status.code(), Some(0), "signal {signal}");
         assert!(!is_mounted(mnt.path()), "signal {signal} left a mount");
         drop(open);
@@ -449,4 +467,165 @@ fn stale_mount_of_a_killed_daemon_is_cleared() {
     assert!(shufflefs(&["unmount", s(mnt.path())]).status.success());
     assert!(wait_gone(pid));
     assert!(!is_mounted(mnt.path()));
+}
+
+#[test]
+fn npy_is_recognised_by_content_not_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokens_u2_1d.npy");
+    let disguised = dir.path().join("tokens.bin");
+    fs::copy(&fixture, &disguised).unwrap();
+    let ds = dir.path().join("ds");
+    let o = shufflefs(&["pack", s(&ds), s(&disguised), "--dtype", "u16"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let payload = &fs::read(&fixture).unwrap()[128..];
+    assert_eq!(
+        fs::read(&shard_paths(&ds)[0]).unwrap(),
+        payload,
+        "header not packed as tokens"
+    );
+    let fake = dir.path().join("raw.NPY");
+    fs::write(&fake, [0u8; 64]).unwrap();
+    let o = shufflefs(&[
+        "pack",
+        s(&dir.path().join("ds2")),
+        s(&fake),
+        "--dtype",
+        "u16",
+    ]);
+    assert!(
+        stderr(&o).contains("named .npy but has no numpy header"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// Runs `f` with a 1 MiB tmpfs mounted at a temp dir; skips where mounting needs privileges
+/// this process lacks.
+fn with_small_tmpfs(f: impl FnOnce(&Path)) {
+    let dir = tempfile::tempdir().unwrap();
+    let ok = Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=1m",
+            "shufflefs-test",
+            s(dir.path()),
+        ])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|st| st.success());
+    if !ok {
+        eprintln!("skipped: cannot mount a tmpfs (needs root)");
+        return;
+    }
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(dir.path())));
+    let _ = Command::new("umount").arg(dir.path()).status();
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+}
+
+#[test]
+fn failed_pack_cleans_up_and_force_replaces_atomically() {
+    let inputs = tempfile::tempdir().unwrap();
+    let small = inputs.path().join("small.bin");
+    let big = inputs.path().join("big.bin");
+    shufflefs::pack::write_positional(&small, shufflefs::dtype::ScalarType::U32, 50_000).unwrap();
+    shufflefs::pack::write_positional(&big, shufflefs::dtype::ScalarType::U32, 400_000).unwrap();
+    with_small_tmpfs(|fsdir| {
+        let ds = fsdir.join("ds");
+        // 200 KB fits in 1 MiB; 1.6 MB does not: the disk fills in the middle of the pack.
+        let o = shufflefs(&[
+            "pack",
+            s(&ds),
+            s(&small),
+            "--dtype",
+            "u32",
+            "--shard-size",
+            "64KiB",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let before = fs::read(ds.join("manifest.json")).unwrap();
+        let mut names: Vec<_> = fs::read_dir(&ds)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        let o = shufflefs(&[
+            "pack",
+            s(&ds),
+            s(&big),
+            "--dtype",
+            "u32",
+            "--shard-size",
+            "64KiB",
+            "--force",
+        ]);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(stderr(&o).contains("No space left"), "{}", stderr(&o));
+        let mut after: Vec<_> = fs::read_dir(&ds)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        after.sort();
+        assert_eq!(after, names, "the failed pack removed everything it wrote");
+        assert_eq!(fs::read(ds.join("manifest.json")).unwrap(), before);
+        let o = shufflefs(&["inspect", s(&ds)]);
+        assert!(
+            o.status.success(),
+            "the old dataset is intact: {}",
+            stderr(&o)
+        );
+        // A successful --force switches to the new dataset and deletes the old shards.
+        let o = shufflefs(&[
+            "pack",
+            s(&ds),
+            s(&small),
+            s(&small),
+            "--dtype",
+            "u32",
+            "--force",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let shards = shard_paths(&ds);
+        assert_eq!(fs::read_dir(&ds).unwrap().count(), shards.len() + 1);
+    });
+}
+
+#[test]
+fn symlinked_mount_point_is_resolved() {
+    if !fuse_available() {
+        return;
+    }
+    let data = Positional::new(5000, 4096);
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real");
+    fs::create_dir(&real).unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let ds = data.path();
+    let args = [
+        "mount",
+        s(&ds),
+        s(&link),
+        "--window",
+        "10",
+        "--batch-size",
+        "2",
+    ];
+    let o = shufflefs(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let pid = daemon_pid(&o);
+    assert!(is_mounted(&real));
+    let o2 = shufflefs(&args);
+    assert!(
+        stderr(&o2).contains("already a live shufflefs mount"),
+        "{}",
+        stderr(&o2)
+    );
+    assert!(shufflefs(&["unmount", s(&link)]).status.success());
+    assert!(wait_gone(pid));
+    assert!(!is_mounted(&real));
 }

@@ -108,7 +108,8 @@ pub fn assert_exact_partition(all: &[Vec<u64>], n: u64, global_batch: u64) {
     );
 }
 
-/// Whether real mounts can run here. Prints why not.
+/// Whether real mounts can run here. Prints why not; with `SHUFFLEFS_REQUIRE_FUSE=1` (set by
+/// .ci/run) a missing /dev/fuse fails the test instead of skipping it.
 pub fn fuse_available() -> bool {
     match std::fs::OpenOptions::new()
         .read(true)
@@ -116,11 +117,26 @@ pub fn fuse_available() -> bool {
         .open("/dev/fuse")
     {
         Ok(_) => true,
+        Err(e) if std::env::var_os("SHUFFLEFS_REQUIRE_FUSE").is_some_and(|v| v == "1") => {
+            panic!("SHUFFLEFS_REQUIRE_FUSE=1 but /dev/fuse cannot be opened: {e}")
+        }
         Err(e) => {
             eprintln!("skipped: cannot open /dev/fuse ({e})");
             false
         }
     }
+}
+
+/// The shard file names of a packed dataset, in stream order.
+pub fn shard_paths(dataset: &Path) -> Vec<PathBuf> {
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dataset.join("manifest.json")).unwrap()).unwrap();
+    m["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| dataset.join(s["path"].as_str().unwrap()))
+        .collect()
 }
 
 /// A mount in a temp dir that is always unmounted on drop.

@@ -174,8 +174,14 @@ fn names_have_one_spelling() {
     ));
     assert!(matches!(fs.getattr(0), Err(Error::NotFound)));
     assert!(matches!(fs.getattr(u64::MAX), Err(Error::NotFound)));
-    assert!(matches!(fs.open(file, true), Err(Error::ReadOnly)));
-    assert!(matches!(fs.open(step_dir, false), Err(Error::IsADirectory)));
+    assert!(matches!(
+        fs.open(file, libc::O_WRONLY),
+        Err(Error::ReadOnly)
+    ));
+    assert!(matches!(
+        fs.open(step_dir, libc::O_RDONLY),
+        Err(Error::IsADirectory)
+    ));
 }
 
 struct Pages {
@@ -353,4 +359,77 @@ fn too_small_dataset_is_refused_with_a_reason() {
     let err = shufflefs::view::View::open(&data.path(), &config(10, 10, 4, 4, 0, 1)).unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("fewer than one global batch of 16"), "{msg}");
+}
+
+#[test]
+fn step_json_streams_exactly_what_step_info_serializes() {
+    let data = Positional::new(200_000, 1 << 20);
+    // A large batch: S.json is produced in ranges without building it per request.
+    let fs = data.fs(&config(2, 2, 40_000, 2, 9, 1));
+    let view = fs.view();
+    let key = StepKey {
+        epoch: 0,
+        rank: 1,
+        step: 0,
+    };
+    let mut want = serde_json::to_vec(&view.step_info(key)).unwrap();
+    want.push(b'\n');
+    assert_eq!(view.step_json(key), want);
+    assert_eq!(view.step_json_len(key), want.len() as u64);
+    let ino = walk(&fs, "epoch/0/rank/1/step/0.json").unwrap();
+    assert_eq!(fs.getattr(ino).unwrap().size, want.len() as u64);
+    let mut out = Vec::new();
+    for (offset, size) in [
+        (0u64, 7u32),
+        (5, 131_072),
+        (want.len() as u64 - 3, 100),
+        (want.len() as u64, 5),
+    ] {
+        fs.read(ino, offset, size, &mut out).unwrap();
+        let start = (offset as usize).min(want.len());
+        let end = (offset as usize + size as usize).min(want.len());
+        assert_eq!(out, &want[start..end], "offset {offset} size {size}");
+    }
+}
+
+#[test]
+fn regression_fingerprint_is_pinned() {
+    // Same tokens, same plan -> same fingerprint, on any machine and from any pack run (shard
+    // file names do not count). If this changes, every user's checkpoint guard trips: only
+    // change it together with a format or algorithm version bump.
+    let a = Positional::new(10_000, 4096);
+    let b = Positional::new(10_000, 4096);
+    let fa = a
+        .view(&config(65, 64, 8, 4, 7, 3))
+        .fingerprint()
+        .to_string();
+    assert_eq!(fa, b.view(&config(65, 64, 8, 4, 7, 3)).fingerprint());
+    assert_eq!(fa, "7e4398fe97bbfb3f");
+}
+
+#[test]
+fn access_and_open_flags() {
+    let data = Positional::new(2000, 1 << 20);
+    let fs = data.fs(&config(10, 10, 2, 1, 0, 1));
+    let file = walk(&fs, "epoch/0/rank/0/step/0.npy").unwrap();
+    let dir = walk(&fs, "epoch/0/rank/0/step").unwrap();
+    assert!(fs.access(file, libc::R_OK).is_ok());
+    assert!(matches!(fs.access(file, libc::W_OK), Err(Error::ReadOnly)));
+    assert!(matches!(
+        fs.access(file, libc::X_OK),
+        Err(Error::PermissionDenied)
+    ));
+    assert!(fs.access(dir, libc::X_OK | libc::R_OK).is_ok());
+    for flags in [
+        libc::O_WRONLY,
+        libc::O_RDWR,
+        libc::O_RDONLY | libc::O_TRUNC,
+        libc::O_RDONLY | libc::O_APPEND,
+    ] {
+        assert!(
+            matches!(fs.open(file, flags), Err(Error::ReadOnly)),
+            "{flags:#x}"
+        );
+    }
+    assert!(fs.open(file, libc::O_RDONLY).is_ok());
 }
