@@ -14,4 +14,8 @@ np.save(out / "step_u4_4x6.npy", (np.arange(24, dtype="<u4") * 7).reshape(4, 6))
 np.save(out / "step_u1_3x5.npy", np.arange(15, dtype="|u1").reshape(3, 5))
 np.save(out / "step_i8_2x3.npy", np.array([[-1, 2, -3], [4, -5, 6]], dtype="<i8"))
 np.save(out / "tokens_u2_1d.npy", np.arange(1000, dtype="<u2"))
+tc = np.zeros(5, dtype=[("token", "<u4"), ("concept", "<u2")])
+tc["token"] = np.arange(5) * 3
+tc["concept"] = np.arange(5) + 100
+np.save(out / "structured_tc_1d.npy", tc)
 print(f"wrote fixtures to {out} with numpy {np.__version__}")

@@ -47,13 +47,20 @@ pub enum Command {
 pub struct PackArgs {
     /// The dataset directory to create.
     pub dataset_dir: PathBuf,
-    /// Input token files, concatenated in this order: raw little-endian (nanoGPT train.bin
-    /// style) or 1-D .npy arrays.
+    /// Input files, concatenated in this order: raw little-endian tokens (nanoGPT train.bin
+    /// style), 1-D .npy arrays (plain or structured), or JSON Lines documents (.jsonl:
+    /// {"tokens": [...], "meta": ..., "spans": [{"start", "end", "meta"}]}).
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
-    /// Token type: u8 u16 u32 u64 i32 i64.
+    /// Token type: u8 u16 u32 u64 i32 i64 [default: the dtype of the first .npy input].
     #[arg(long)]
-    pub dtype: String,
+    pub dtype: Option<String>,
+    /// End a document after every token equal to TOKEN (e.g. the EOS id of a token file).
+    #[arg(long, value_name = "TOKEN", allow_hyphen_values = true)]
+    pub doc_sep: Option<String>,
+    /// Do not show a progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
     /// Upper bound of each shard file (bytes; suffixes KiB MiB GiB TiB).
     #[arg(long, default_value = "1GiB")]
     pub shard_size: String,
@@ -83,6 +90,23 @@ pub struct PlanOptions {
     /// Number of epochs exposed under epoch/.
     #[arg(long, default_value_t = 1, help_heading = PLAN_HEADING)]
     pub epochs: u64,
+    /// stream: rows are windows of the token stream; documents: rows are documents, truncated
+    /// or padded to --window.
+    #[arg(long, value_enum, default_value_t = ModeArg::Stream, help_heading = PLAN_HEADING)]
+    pub mode: ModeArg,
+    /// Padding token of --mode documents (first field of structured records; other fields 0)
+    /// [default: 0].
+    #[arg(long, allow_hyphen_values = true, help_heading = PLAN_HEADING)]
+    pub pad_id: Option<i128>,
+}
+
+/// `--mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    /// Observation i is the window of --window tokens at token i * --stride.
+    Stream,
+    /// Observation i is document i.
+    Documents,
 }
 
 /// `shufflefs mount`.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::dtype::RecordType;
 use crate::error::{Error, Result};
-use crate::format::{MANIFEST, Manifest};
+use crate::format::{self, MANIFEST, Manifest};
 
 /// A source of bytes at offsets: the seam between the read path and storage. Tests plug in
 /// in-memory or failing sources.
@@ -45,6 +45,50 @@ pub struct Shard {
     path: PathBuf,
     len: u64,
     source: Arc<dyn ReadAt>,
+    docs: Option<Box<DocFiles>>,
+}
+
+/// The document and metadata files of one shard (format.rs `ShardDocs`).
+#[derive(Debug)]
+pub struct DocFiles {
+    /// One u32 entry id per record.
+    pub ids: Shard,
+    /// `entries + 1` u64 offsets into `meta`.
+    pub index: Shard,
+    /// The entries.
+    pub meta: Shard,
+    /// One 24-byte record per document starting in the shard.
+    pub docs: Shard,
+    /// Number of entries.
+    pub entries: u64,
+    /// Number of documents starting in the shard.
+    pub documents: u64,
+}
+
+/// A run of records that share one metadata entry, relative to the start of a read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// First record of the run (relative).
+    pub start: u64,
+    /// One past the last record (relative).
+    pub end: u64,
+    /// The document the records belong to.
+    pub doc: u64,
+    /// The dataset-wide entry number (equal for the pieces of one document or span).
+    pub entry: u64,
+    /// The metadata, as JSON text (`null` where there is none).
+    pub meta: String,
+}
+
+/// Where a document is and what it carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Document {
+    /// First record in the stream.
+    pub start: u64,
+    /// Length in records.
+    pub len: u64,
+    /// The document's metadata, as JSON text (`null` where there is none).
+    pub meta: String,
 }
 
 impl std::fmt::Debug for Shard {
@@ -63,7 +107,19 @@ impl Shard {
             path: path.into(),
             len,
             source,
+            docs: None,
         }
+    }
+
+    /// Attaches document files.
+    pub fn with_docs(mut self, docs: DocFiles) -> Shard {
+        self.docs = Some(Box::new(docs));
+        self
+    }
+
+    /// The document files, if the dataset has documents.
+    pub fn docs(&self) -> Option<&DocFiles> {
+        self.docs.as_deref()
     }
 
     /// Path of the shard file.
@@ -137,6 +193,8 @@ pub struct Dataset {
     shards: Vec<Shard>,
     /// `ends[i]` is the stream byte offset one past shard `i`.
     ends: Vec<u64>,
+    /// `doc_ends[i]` is one past the last document starting in shard `i` (with documents).
+    doc_ends: Vec<u64>,
 }
 
 impl Dataset {
@@ -190,7 +248,48 @@ impl Dataset {
                 0,
                 nix::fcntl::PosixFadviseAdvice::POSIX_FADV_RANDOM,
             );
-            shards.push(Shard::new(path, entry.bytes, Arc::new(file)));
+            let mut shard = Shard::new(path, entry.bytes, Arc::new(file));
+            if let Some(d) = &entry.docs {
+                let open = |name: &str, want: Option<u64>| -> Result<Shard> {
+                    let path = dir.join(name);
+                    let file = std::fs::OpenOptions::new()
+                        .read(true)
+                        .custom_flags(libc::O_NOFOLLOW)
+                        .open(&path)
+                        .map_err(|e| shard_open_error(&path, &e))?;
+                    let len = file.metadata().map_err(|e| Error::io(&path, e))?.len();
+                    match want {
+                        Some(want) if len != want => Err(Error::dataset(
+                            &path,
+                            format!(
+                                "file is {len} bytes but the manifest implies {want}: it was \
+                                 modified after packing; re-run `shufflefs pack`"
+                            ),
+                        )),
+                        _ => Ok(Shard::new(path, len, Arc::new(file))),
+                    }
+                };
+                let sizes = (
+                    entry.records.checked_mul(4),
+                    d.entries.checked_add(1).and_then(|n| n.checked_mul(8)),
+                    d.documents.checked_mul(format::DOC_RECORD),
+                );
+                let (Some(ids), Some(index), Some(docs)) = sizes else {
+                    return Err(Error::dataset(
+                        &manifest_path,
+                        "document file sizes overflow",
+                    ));
+                };
+                shard = shard.with_docs(DocFiles {
+                    ids: open(&d.ids, Some(ids))?,
+                    index: open(&d.index, Some(index))?,
+                    meta: open(&d.meta, Some(d.meta_bytes))?,
+                    docs: open(&d.docs, Some(docs))?,
+                    entries: d.entries,
+                    documents: d.documents,
+                });
+            }
+            shards.push(shard);
         }
         Ok(Dataset::from_parts(dir.to_path_buf(), manifest, shards))
     }
@@ -199,10 +298,15 @@ impl Dataset {
     /// lengths must match the manifest.
     pub fn from_parts(dir: PathBuf, manifest: Manifest, shards: Vec<Shard>) -> Dataset {
         let mut ends = Vec::with_capacity(shards.len());
-        let mut end = 0u64;
+        let mut doc_ends = Vec::new();
+        let (mut end, mut doc_end) = (0u64, 0u64);
         for s in &shards {
             end += s.len;
             ends.push(end);
+            if let Some(d) = s.docs() {
+                doc_end += d.documents;
+                doc_ends.push(doc_end);
+            }
         }
         Dataset {
             dir,
@@ -210,6 +314,7 @@ impl Dataset {
             manifest,
             shards,
             ends,
+            doc_ends,
         }
     }
 
@@ -241,6 +346,143 @@ impl Dataset {
     /// The shards, in stream order.
     pub fn shards(&self) -> &[Shard] {
         &self.shards
+    }
+
+    /// Number of documents, when the dataset has document structure.
+    pub fn n_documents(&self) -> Option<u64> {
+        self.manifest.documents
+    }
+
+    /// Whether records carry document and metadata entries.
+    pub fn has_documents(&self) -> bool {
+        self.manifest.documents.is_some()
+    }
+
+    fn corrupt(&self, path: &Path, what: &str) -> Error {
+        Error::dataset(
+            path,
+            format!("{what}: the document files are corrupt; re-run `shufflefs pack`"),
+        )
+    }
+
+    /// Reads entries `lo..=hi` of a shard: one index read and one data read. Returns
+    /// `(index offsets lo..=hi+1, data starting at offsets[0])`.
+    fn read_entries(&self, d: &DocFiles, lo: u32, hi: u32) -> Result<(Vec<u64>, Vec<u8>)> {
+        if u64::from(hi) >= d.entries || lo > hi {
+            return Err(self.corrupt(d.ids.path(), "entry id out of range"));
+        }
+        let count = (hi - lo) as usize + 2;
+        let mut raw = vec![0u8; count * 8];
+        d.index.read_exact_at(&mut raw, u64::from(lo) * 8)?;
+        let offsets: Vec<u64> = raw
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        if offsets.windows(2).any(|w| w[1] < w[0] + 16) || offsets[count - 1] > d.meta.len() {
+            return Err(self.corrupt(
+                d.index.path(),
+                "entry offsets not increasing or past the end",
+            ));
+        }
+        let mut data = vec![0u8; (offsets[count - 1] - offsets[0]) as usize];
+        d.meta.read_exact_at(&mut data, offsets[0])?;
+        Ok((offsets, data))
+    }
+
+    /// Parses entry `id` out of a [`Dataset::read_entries`] result starting at `lo`.
+    fn entry<'a>(
+        &self,
+        d: &DocFiles,
+        offsets: &[u64],
+        data: &'a [u8],
+        lo: u32,
+        id: u32,
+    ) -> Result<(u64, u64, &'a str)> {
+        let k = (id - lo) as usize;
+        let base = offsets[0];
+        let bytes = &data[(offsets[k] - base) as usize..(offsets[k + 1] - base) as usize];
+        let doc = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+        let entry = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+        let meta = std::str::from_utf8(&bytes[16..])
+            .map_err(|_| self.corrupt(d.meta.path(), "metadata is not UTF-8"))?;
+        Ok((doc, entry, meta))
+    }
+
+    /// The metadata runs of records `[record, record + count)`, in order, tiling the range.
+    /// Per shard touched: one read of the ids, one of the entry index, one of the entry data.
+    pub fn spans(&self, record: u64, count: u64) -> Result<Vec<Span>> {
+        let itemsize = self.record.itemsize() as u64;
+        let mut out: Vec<Span> = Vec::new();
+        let mut pos = record;
+        let end = record + count;
+        while pos < end {
+            let index = self.ends.partition_point(|&e| e <= pos * itemsize);
+            let shard = &self.shards[index];
+            let d = shard
+                .docs()
+                .ok_or_else(|| Error::invalid("the dataset has no documents"))?;
+            let shard_first = (self.ends[index] - shard.len) / itemsize;
+            let shard_end = self.ends[index] / itemsize;
+            let take = shard_end.min(end) - pos;
+            let mut raw = vec![0u8; take as usize * 4];
+            d.ids.read_exact_at(&mut raw, (pos - shard_first) * 4)?;
+            let ids: Vec<u32> = raw
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect();
+            let lo = *ids.iter().min().expect("non-empty");
+            let hi = *ids.iter().max().expect("non-empty");
+            let (offsets, data) = self.read_entries(d, lo, hi)?;
+            let mut i = 0usize;
+            while i < ids.len() {
+                let id = ids[i];
+                let mut j = i + 1;
+                while j < ids.len() && ids[j] == id {
+                    j += 1;
+                }
+                let (doc, entry, meta) = self.entry(d, &offsets, &data, lo, id)?;
+                let (start, stop) = (pos - record + i as u64, pos - record + j as u64);
+                match out.last_mut() {
+                    Some(last) if last.entry == entry && last.end == start => last.end = stop,
+                    _ => out.push(Span {
+                        start,
+                        end: stop,
+                        doc,
+                        entry,
+                        meta: meta.to_string(),
+                    }),
+                }
+                i = j;
+            }
+            pos += take;
+        }
+        Ok(out)
+    }
+
+    /// Document `doc`: one read of its shard's docs file, then its entry (index + data).
+    pub fn document(&self, doc: u64) -> Result<Document> {
+        let index = self.doc_ends.partition_point(|&e| e <= doc);
+        let shard = self.shards.get(index).ok_or(Error::NotFound)?;
+        let d = shard
+            .docs()
+            .ok_or_else(|| Error::invalid("the dataset has no documents"))?;
+        let local = doc - (self.doc_ends[index] - d.documents);
+        let mut raw = [0u8; format::DOC_RECORD as usize];
+        d.docs.read_exact_at(&mut raw, local * format::DOC_RECORD)?;
+        let field = |k: usize| u64::from_le_bytes(raw[k * 8..k * 8 + 8].try_into().expect("8"));
+        let (start, len, entry) = (field(0), field(1), field(2));
+        let entry = u32::try_from(entry)
+            .map_err(|_| self.corrupt(d.docs.path(), "document entry out of range"))?;
+        if start.checked_add(len).is_none_or(|e| e > self.n_records()) {
+            return Err(self.corrupt(d.docs.path(), "document extends past the stream"));
+        }
+        let (offsets, data) = self.read_entries(d, entry, entry)?;
+        let (_, _, meta) = self.entry(d, &offsets, &data, entry, entry)?;
+        Ok(Document {
+            start,
+            len,
+            meta: meta.to_string(),
+        })
     }
 
     /// Reads `buf.len()` bytes of the stream starting at byte `offset`: one positioned read
@@ -299,6 +541,7 @@ mod tests {
                 records: len,
                 bytes: len,
                 hash: format_hash(0),
+                docs: None,
             });
             shards.push(Shard::new(format!("s{i}"), len, Arc::new(bytes)));
         }
@@ -310,6 +553,8 @@ mod tests {
             records: total,
             content_hash: content_hash(&entries),
             shards: entries,
+            documents: None,
+            metadata: false,
             created_by: "test".into(),
         };
         (Dataset::from_parts("mem".into(), manifest, shards), stream)

@@ -10,10 +10,8 @@
 //!
 //! `<pack>` is an id unique to each run of `pack`, so a repack (`--force`) never overwrites a
 //! shard the current manifest references: the new manifest's rename switches datasets
-//! atomically.
-//!
-//! ```text
-//! ```
+//! atomically. A dataset with documents also has, per shard, `shard-<pack>-NNNNN.ids`,
+//! `.idx`, `.meta` and `.docs` ([`ShardDocs`]).
 //!
 //! The manifest is versioned ([`VERSION`]); a reader refuses any other version, any unknown
 //! field and any count that does not add up. See docs/FORMAT.md for the byte-exact layout.
@@ -34,7 +32,7 @@ pub const FORMAT_NAME: &str = "shufflefs-dataset";
 
 /// The manifest version this build writes and reads. Bumped on any change that an older
 /// reader would misread; readers refuse other versions with a message saying what to do.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// One shard of the stream.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,7 +46,45 @@ pub struct ShardEntry {
     pub bytes: u64,
     /// Content hash of the shard bytes ([`ContentHasher`]), 16 hex digits.
     pub hash: String,
+    /// The shard's document and metadata files, when the dataset has documents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub docs: Option<ShardDocs>,
 }
+
+/// Per-shard document and metadata files (see docs/FORMAT.md):
+///
+/// - `ids`: one little-endian u32 per record of the shard: the shard-local metadata entry
+///   the record belongs to;
+/// - `index`: `entries + 1` little-endian u64 offsets into `meta` (entry `k` is bytes
+///   `[index[k], index[k+1])`);
+/// - `meta`: the entries, each `doc` (u64 LE), `span` (u64 LE, the dataset-wide entry number)
+///   and the metadata as JSON text (`null` where there is none);
+/// - `docs`: one 24-byte record per document that starts in this shard: first record (u64,
+///   stream-global), length in records (u64), and its document entry (u64, shard-local).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardDocs {
+    /// The ids file name.
+    pub ids: String,
+    /// The entry index file name.
+    pub index: String,
+    /// The entry data file name.
+    pub meta: String,
+    /// Number of metadata entries in this shard (`<= 2^32`).
+    pub entries: u64,
+    /// Size of the entry data file.
+    pub meta_bytes: u64,
+    /// The documents file name.
+    pub docs: String,
+    /// Number of documents that start in this shard.
+    pub documents: u64,
+    /// Content hash of the four files: [`ContentHasher`] over the little-endian u64 content
+    /// hashes of ids, index, meta and docs, in that order.
+    pub hash: String,
+}
+
+/// Bytes per document record in a `docs` file.
+pub const DOC_RECORD: u64 = 24;
 
 /// The parsed `manifest.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,6 +104,12 @@ pub struct Manifest {
     pub shards: Vec<ShardEntry>,
     /// Hash over the shards' hashes and sizes: the dataset's content identity.
     pub content_hash: String,
+    /// Number of documents, when the dataset has document structure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub documents: Option<u64>,
+    /// Whether any document or span carries metadata.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub metadata: bool,
     /// The program that wrote the manifest (informational).
     pub created_by: String,
 }
@@ -104,6 +146,13 @@ impl Manifest {
         }
         let record = RecordType::from_manifest(&self.dtype)
             .map_err(|e| dataset_err(format!("field dtype: {e}")))?;
+        if record.manifest_descr() != self.dtype {
+            return fail(format!(
+                "field dtype {:?} is not in canonical form ({:?})",
+                self.dtype,
+                record.manifest_descr()
+            ));
+        }
         if record.itemsize() as u64 != self.itemsize {
             return fail(format!(
                 "field itemsize is {} but dtype {} has {} bytes",
@@ -125,6 +174,9 @@ impl Manifest {
                     shard.path, shard.bytes, shard.records, self.itemsize
                 ));
             }
+            if self.shards[..i].iter().any(|s| s.path == shard.path) {
+                return fail(format!("shards[{i}].path {:?} is listed twice", shard.path));
+            }
             if parse_hash(&shard.hash).is_none() {
                 return fail(format!(
                     "shards[{i}].hash {:?} is not 16 hex digits",
@@ -143,6 +195,52 @@ impl Manifest {
         }
         if total.checked_mul(self.itemsize).is_none() {
             return fail("the stream's byte size overflows 64 bits".into());
+        }
+        let with_docs = self.shards.iter().filter(|s| s.docs.is_some()).count();
+        match self.documents {
+            None if with_docs > 0 => {
+                return fail("shards have document files but documents is missing".into());
+            }
+            Some(_) if with_docs != self.shards.len() => {
+                return fail("documents is set but not every shard has document files".into());
+            }
+            _ => {}
+        }
+        if self.documents.is_none() && self.metadata {
+            return fail("metadata is true but the dataset has no documents".into());
+        }
+        let mut docs_total: u64 = 0;
+        for (i, shard) in self.shards.iter().enumerate() {
+            let Some(d) = &shard.docs else { continue };
+            for (field, name) in [
+                ("ids", &d.ids),
+                ("index", &d.index),
+                ("meta", &d.meta),
+                ("docs", &d.docs),
+            ] {
+                check_shard_path(name)
+                    .map_err(|e| dataset_err(format!("shards[{i}].docs.{field}: {e}")))?;
+            }
+            if d.entries == 0 || d.entries > 1 << 32 {
+                return fail(format!(
+                    "shards[{i}].docs.entries {} is out of range",
+                    d.entries
+                ));
+            }
+            if parse_hash(&d.hash).is_none() {
+                return fail(format!(
+                    "shards[{i}].docs.hash {:?} is not 16 hex digits",
+                    d.hash
+                ));
+            }
+            docs_total = docs_total
+                .checked_add(d.documents)
+                .ok_or_else(|| dataset_err("document count overflows 64 bits".into()))?;
+        }
+        if let Some(n) = self.documents
+            && n != docs_total
+        {
+            return fail(format!("documents is {n} but the shards hold {docs_total}"));
         }
         if self.content_hash != content_hash(&self.shards) {
             return fail(format!(
@@ -189,6 +287,10 @@ pub fn content_hash(shards: &[ShardEntry]) -> String {
     for s in shards {
         h.update(&s.bytes.to_le_bytes());
         h.update(&parse_hash(&s.hash).unwrap_or(0).to_le_bytes());
+        if let Some(d) = &s.docs {
+            h.update(&d.documents.to_le_bytes());
+            h.update(&parse_hash(&d.hash).unwrap_or(0).to_le_bytes());
+        }
     }
     format_hash(h.finish())
 }
@@ -200,7 +302,10 @@ pub fn format_hash(h: u64) -> String {
 
 /// Parses 16 hex digits.
 pub fn parse_hash(s: &str) -> Option<u64> {
-    if s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if s.len() == 16
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
         u64::from_str_radix(s, 16).ok()
     } else {
         None
@@ -289,12 +394,14 @@ mod tests {
                 records: 10,
                 bytes: 40,
                 hash: format_hash(1),
+                docs: None,
             },
             ShardEntry {
                 path: shard_name("p", 1),
                 records: 5,
                 bytes: 20,
                 hash: format_hash(2),
+                docs: None,
             },
         ];
         Manifest {
@@ -305,6 +412,8 @@ mod tests {
             records: 15,
             content_hash: content_hash(&shards),
             shards,
+            documents: None,
+            metadata: false,
             created_by: "test".into(),
         }
     }
@@ -337,9 +446,9 @@ mod tests {
             assert!(msg.starts_with("/d/manifest.json: "), "{msg}");
             assert!(msg.contains(want), "{msg:?} lacks {want:?}");
         };
-        check(&|m| m.version = 2, "version 2");
+        check(&|m| m.version = 1, "version 1");
         check(&|m| m.format = "x".into(), "format");
-        check(&|m| m.dtype = "<f4".into(), "dtype");
+        check(&|m| m.dtype = "<c8".into(), "dtype");
         check(&|m| m.itemsize = 2, "itemsize");
         check(&|m| m.records = 16, "records is 16");
         check(&|m| m.shards[1].bytes = 21, "bytes 21");

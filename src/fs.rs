@@ -8,6 +8,8 @@
 //! /epoch/E/rank/            dir    0 .. ranks-1
 //! /epoch/E/rank/R/          dir    step
 //! /epoch/E/rank/R/step/     dir    0.npy 0.json 1.npy 1.json ... (steps_per_epoch pairs)
+//! /observation/             dir    0.npy 0.json ... (n_observations pairs): unshuffled data
+//! /lookup/epoch/E/observation/I.json   where observation I is trained in epoch E
 //! ```
 //!
 //! Inode numbers are computed, not stored: each kind of node owns a contiguous range, and a
@@ -23,7 +25,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use crate::error::{Error, Result};
 use crate::plan::StepKey;
-use crate::view::View;
+use crate::view::{View, json_len, json_range};
 
 /// The root directory's inode number (fixed by FUSE).
 pub const ROOT_INO: u64 = 1;
@@ -54,6 +56,22 @@ pub enum Node {
     StepNpy(StepKey),
     /// `/epoch/E/rank/R/step/S.json`
     StepJson(StepKey),
+    /// `/observation`
+    ObservationList,
+    /// `/observation/I.npy`
+    ObservationNpy(u64),
+    /// `/observation/I.json`
+    ObservationJson(u64),
+    /// `/lookup`
+    Lookup,
+    /// `/lookup/epoch`
+    LookupEpochList,
+    /// `/lookup/epoch/E`
+    LookupEpoch(u64),
+    /// `/lookup/epoch/E/observation`
+    LookupObservationList(u64),
+    /// `/lookup/epoch/E/observation/I.json`
+    LookupJson(u64, u64),
 }
 
 /// File or directory.
@@ -69,7 +87,12 @@ impl Node {
     /// Whether this node is a directory.
     pub fn kind(self) -> Kind {
         match self {
-            Node::Info | Node::StepNpy(_) | Node::StepJson(_) => Kind::File,
+            Node::Info
+            | Node::StepNpy(_)
+            | Node::StepJson(_)
+            | Node::ObservationNpy(_)
+            | Node::ObservationJson(_)
+            | Node::LookupJson(..) => Kind::File,
             _ => Kind::Directory,
         }
     }
@@ -122,24 +145,40 @@ enum Range {
     Root,
     Info,
     EpochList,
+    ObservationList,
+    Lookup,
+    LookupEpochList,
     Epoch,
     RankList,
+    LookupEpoch,
+    LookupObservationList,
     Rank,
     StepList,
     StepNpy,
     StepJson,
+    ObservationNpy,
+    ObservationJson,
+    LookupJson,
 }
 
-const RANGES: [Range; 9] = [
+const RANGES: [Range; 17] = [
     Range::Root,
     Range::Info,
     Range::EpochList,
+    Range::ObservationList,
+    Range::Lookup,
+    Range::LookupEpochList,
     Range::Epoch,
     Range::RankList,
+    Range::LookupEpoch,
+    Range::LookupObservationList,
     Range::Rank,
     Range::StepList,
     Range::StepNpy,
     Range::StepJson,
+    Range::ObservationNpy,
+    Range::ObservationJson,
+    Range::LookupJson,
 ];
 
 /// The inode numbering of one configuration: `starts[k]` is the first inode of range `k`.
@@ -148,27 +187,39 @@ struct Inodes {
     epochs: u64,
     ranks: u64,
     steps: u64,
+    observations: u64,
     starts: [u64; RANGES.len() + 1],
 }
 
 impl Inodes {
-    fn new(epochs: u64, ranks: u64, steps: u64) -> Result<Inodes> {
+    fn new(epochs: u64, ranks: u64, steps: u64, observations: u64) -> Result<Inodes> {
         let too_big = || {
             Error::invalid(format!(
-                "{epochs} epochs x {ranks} ranks x {steps} steps is too many files to number \
-                 with 64-bit inodes; lower --epochs"
+                "{epochs} epochs x {ranks} ranks x {steps} steps ({observations} observations) \
+                 is too many files to number with 64-bit inodes; lower --epochs"
             ))
         };
         let er = epochs.checked_mul(ranks).ok_or_else(too_big)?;
         let ers = er.checked_mul(steps).ok_or_else(too_big)?;
+        let eo = epochs.checked_mul(observations).ok_or_else(too_big)?;
         let mut starts = [0u64; RANGES.len() + 1];
         starts[0] = ROOT_INO;
         for (k, range) in RANGES.iter().enumerate() {
             let count = match range {
-                Range::Root | Range::Info | Range::EpochList => 1,
-                Range::Epoch | Range::RankList => epochs,
+                Range::Root
+                | Range::Info
+                | Range::EpochList
+                | Range::ObservationList
+                | Range::Lookup
+                | Range::LookupEpochList => 1,
+                Range::Epoch
+                | Range::RankList
+                | Range::LookupEpoch
+                | Range::LookupObservationList => epochs,
                 Range::Rank | Range::StepList => er,
                 Range::StepNpy | Range::StepJson => ers,
+                Range::ObservationNpy | Range::ObservationJson => observations,
+                Range::LookupJson => eo,
             };
             starts[k + 1] = starts[k].checked_add(count).ok_or_else(too_big)?;
         }
@@ -176,6 +227,7 @@ impl Inodes {
             epochs,
             ranks,
             steps,
+            observations,
             starts,
         })
     }
@@ -185,12 +237,20 @@ impl Inodes {
             Node::Root => (Range::Root, 0),
             Node::Info => (Range::Info, 0),
             Node::EpochList => (Range::EpochList, 0),
+            Node::ObservationList => (Range::ObservationList, 0),
+            Node::Lookup => (Range::Lookup, 0),
+            Node::LookupEpochList => (Range::LookupEpochList, 0),
             Node::Epoch(e) => (Range::Epoch, e),
             Node::RankList(e) => (Range::RankList, e),
+            Node::LookupEpoch(e) => (Range::LookupEpoch, e),
+            Node::LookupObservationList(e) => (Range::LookupObservationList, e),
             Node::Rank(e, r) => (Range::Rank, e * self.ranks + r),
             Node::StepList(e, r) => (Range::StepList, e * self.ranks + r),
             Node::StepNpy(k) => (Range::StepNpy, self.step_index(k)),
             Node::StepJson(k) => (Range::StepJson, self.step_index(k)),
+            Node::ObservationNpy(i) => (Range::ObservationNpy, i),
+            Node::ObservationJson(i) => (Range::ObservationJson, i),
+            Node::LookupJson(e, i) => (Range::LookupJson, e * self.observations + i),
         };
         self.starts[range as usize] + index
     }
@@ -218,8 +278,13 @@ impl Inodes {
             Range::Root => Node::Root,
             Range::Info => Node::Info,
             Range::EpochList => Node::EpochList,
+            Range::ObservationList => Node::ObservationList,
+            Range::Lookup => Node::Lookup,
+            Range::LookupEpochList => Node::LookupEpochList,
             Range::Epoch => Node::Epoch(i),
             Range::RankList => Node::RankList(i),
+            Range::LookupEpoch => Node::LookupEpoch(i),
+            Range::LookupObservationList => Node::LookupObservationList(i),
             Range::Rank => {
                 let (e, r) = rank_pair(i);
                 Node::Rank(e, r)
@@ -230,8 +295,17 @@ impl Inodes {
             }
             Range::StepNpy => Node::StepNpy(step_key(i)),
             Range::StepJson => Node::StepJson(step_key(i)),
+            Range::ObservationNpy => Node::ObservationNpy(i),
+            Range::ObservationJson => Node::ObservationJson(i),
+            Range::LookupJson => Node::LookupJson(i / self.observations, i % self.observations),
         })
     }
+}
+
+/// Splits `name` into a canonical index below `bound` and one of the suffixes.
+fn parse_file(name: &[u8], bound: u64, suffix: &[u8]) -> Option<u64> {
+    name.strip_suffix(suffix)
+        .and_then(|stem| parse_index(stem, bound))
 }
 
 /// Parses a canonical decimal below `bound`: ASCII digits only, no sign, no leading zero
@@ -261,7 +335,12 @@ impl ShuffleFs {
     /// Wraps a view.
     pub fn new(view: View) -> Result<ShuffleFs> {
         let plan = view.plan();
-        let inodes = Inodes::new(plan.epochs(), plan.ranks(), plan.steps_per_epoch())?;
+        let inodes = Inodes::new(
+            plan.epochs(),
+            plan.ranks(),
+            plan.steps_per_epoch(),
+            plan.n_observations(),
+        )?;
         Ok(ShuffleFs { view, inodes })
     }
 
@@ -292,6 +371,8 @@ impl ShuffleFs {
             Node::Root => match name {
                 b"info.json" => Some(Node::Info),
                 b"epoch" => Some(Node::EpochList),
+                b"observation" => Some(Node::ObservationList),
+                b"lookup" => Some(Node::Lookup),
                 _ => None,
             },
             Node::EpochList => parse_index(name, i.epochs).map(Node::Epoch),
@@ -300,15 +381,27 @@ impl ShuffleFs {
             Node::Rank(e, r) => (name == b"step").then_some(Node::StepList(e, r)),
             Node::StepList(epoch, rank) => {
                 let key = |step| StepKey { epoch, rank, step };
-                if let Some(stem) = name.strip_suffix(b".npy") {
-                    parse_index(stem, i.steps).map(|s| Node::StepNpy(key(s)))
-                } else if let Some(stem) = name.strip_suffix(b".json") {
-                    parse_index(stem, i.steps).map(|s| Node::StepJson(key(s)))
-                } else {
-                    None
-                }
+                parse_file(name, i.steps, b".npy")
+                    .map(|s| Node::StepNpy(key(s)))
+                    .or_else(|| parse_file(name, i.steps, b".json").map(|s| Node::StepJson(key(s))))
             }
-            Node::Info | Node::StepNpy(_) | Node::StepJson(_) => {
+            Node::ObservationList => parse_file(name, i.observations, b".npy")
+                .map(Node::ObservationNpy)
+                .or_else(|| parse_file(name, i.observations, b".json").map(Node::ObservationJson)),
+            Node::Lookup => (name == b"epoch").then_some(Node::LookupEpochList),
+            Node::LookupEpochList => parse_index(name, i.epochs).map(Node::LookupEpoch),
+            Node::LookupEpoch(e) => {
+                (name == b"observation").then_some(Node::LookupObservationList(e))
+            }
+            Node::LookupObservationList(e) => {
+                parse_file(name, i.observations, b".json").map(|o| Node::LookupJson(e, o))
+            }
+            Node::Info
+            | Node::StepNpy(_)
+            | Node::StepJson(_)
+            | Node::ObservationNpy(_)
+            | Node::ObservationJson(_)
+            | Node::LookupJson(..) => {
                 return Err(Error::NotADirectory);
             }
         };
@@ -323,7 +416,7 @@ impl ShuffleFs {
     fn attr(&self, node: Node) -> Result<Attr> {
         let (kind, size) = match node.kind() {
             Kind::Directory => (Kind::Directory, 0),
-            Kind::File => (Kind::File, self.size(node)),
+            Kind::File => (Kind::File, self.size(node)?),
         };
         Ok(Attr {
             ino: self.ino(node),
@@ -338,13 +431,17 @@ impl ShuffleFs {
         })
     }
 
-    fn size(&self, node: Node) -> u64 {
-        match node {
-            Node::Info => self.view.info_json().len() as u64,
-            Node::StepNpy(_) => self.view.step_npy_len(),
-            Node::StepJson(key) => self.view.step_json_len(key),
+    fn size(&self, node: Node) -> Result<u64> {
+        let v = &self.view;
+        Ok(match node {
+            Node::Info => v.info_json().len() as u64,
+            Node::StepNpy(_) => v.step_npy_len(),
+            Node::StepJson(key) => json_len(|w| v.write_step_json(key, w))?,
+            Node::ObservationNpy(i) => v.observation_npy_len(i)?,
+            Node::ObservationJson(i) => json_len(|w| v.write_observation_json(i, w))?,
+            Node::LookupJson(e, i) => json_len(|w| v.write_lookup_json(e, i, w))?,
             _ => 0,
-        }
+        })
     }
 
     /// Whether inode `ino` exists (no work beyond decoding the number).
@@ -393,31 +490,57 @@ impl ShuffleFs {
     fn dir_len(&self, node: Node) -> u64 {
         let i = &self.inodes;
         2 + match node {
-            Node::Root => 2,
-            Node::EpochList => i.epochs,
-            Node::Epoch(_) | Node::Rank(..) => 1,
+            Node::Root => 4,
+            Node::EpochList | Node::LookupEpochList => i.epochs,
+            Node::Epoch(_) | Node::Rank(..) | Node::Lookup | Node::LookupEpoch(_) => 1,
             Node::RankList(_) => i.ranks,
             Node::StepList(..) => 2 * i.steps,
-            Node::Info | Node::StepNpy(_) | Node::StepJson(_) => 0,
+            Node::ObservationList => 2 * i.observations,
+            Node::LookupObservationList(_) => i.observations,
+            Node::Info
+            | Node::StepNpy(_)
+            | Node::StepJson(_)
+            | Node::ObservationNpy(_)
+            | Node::ObservationJson(_)
+            | Node::LookupJson(..) => 0,
         }
     }
 
     fn parent(&self, node: Node) -> Node {
         match node {
-            Node::Root | Node::Info | Node::EpochList => Node::Root,
+            Node::Root | Node::Info | Node::EpochList | Node::ObservationList | Node::Lookup => {
+                Node::Root
+            }
             Node::Epoch(_) => Node::EpochList,
             Node::RankList(e) => Node::Epoch(e),
             Node::Rank(e, _) => Node::RankList(e),
             Node::StepList(e, r) => Node::Rank(e, r),
             Node::StepNpy(k) | Node::StepJson(k) => Node::StepList(k.epoch, k.rank),
+            Node::ObservationNpy(_) | Node::ObservationJson(_) => Node::ObservationList,
+            Node::LookupEpochList => Node::Lookup,
+            Node::LookupEpoch(_) => Node::LookupEpochList,
+            Node::LookupObservationList(e) => Node::LookupEpoch(e),
+            Node::LookupJson(e, _) => Node::LookupObservationList(e),
         }
     }
 
     /// Entry `index` (0-based, after `.` and `..`) of directory `node`.
     fn dir_entry(&self, node: Node, index: u64) -> (Node, String) {
+        let pair = |index: u64, npy: Node, json: Node, stem: u64| {
+            if index.is_multiple_of(2) {
+                (npy, format!("{stem}.npy"))
+            } else {
+                (json, format!("{stem}.json"))
+            }
+        };
         match node {
-            Node::Root => [(Node::Info, "info.json"), (Node::EpochList, "epoch")]
-                .map(|(n, s)| (n, s.to_string()))[index as usize]
+            Node::Root => [
+                (Node::Info, "info.json"),
+                (Node::EpochList, "epoch"),
+                (Node::ObservationList, "observation"),
+                (Node::Lookup, "lookup"),
+            ]
+            .map(|(n, s)| (n, s.to_string()))[index as usize]
                 .clone(),
             Node::EpochList => (Node::Epoch(index), index.to_string()),
             Node::Epoch(e) => (Node::RankList(e), "rank".to_string()),
@@ -429,15 +552,22 @@ impl ShuffleFs {
                     rank,
                     step: index / 2,
                 };
-                if index.is_multiple_of(2) {
-                    (Node::StepNpy(key), format!("{}.npy", key.step))
-                } else {
-                    (Node::StepJson(key), format!("{}.json", key.step))
-                }
+                pair(index, Node::StepNpy(key), Node::StepJson(key), key.step)
             }
-            Node::Info | Node::StepNpy(_) | Node::StepJson(_) => {
-                unreachable!("files have no entries")
+            Node::ObservationList => {
+                let o = index / 2;
+                pair(index, Node::ObservationNpy(o), Node::ObservationJson(o), o)
             }
+            Node::Lookup => (Node::LookupEpochList, "epoch".to_string()),
+            Node::LookupEpochList => (Node::LookupEpoch(index), index.to_string()),
+            Node::LookupEpoch(e) => (Node::LookupObservationList(e), "observation".to_string()),
+            Node::LookupObservationList(e) => (Node::LookupJson(e, index), format!("{index}.json")),
+            Node::Info
+            | Node::StepNpy(_)
+            | Node::StepJson(_)
+            | Node::ObservationNpy(_)
+            | Node::ObservationJson(_)
+            | Node::LookupJson(..) => unreachable!("files have no entries"),
         }
     }
 
@@ -473,18 +603,34 @@ impl ShuffleFs {
     pub fn read(&self, ino: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<()> {
         out.clear();
         let node = self.open(ino, libc::O_RDONLY)?;
+        let v = &self.view;
         match node {
             Node::StepNpy(key) => {
-                let len = self.view.step_npy_len();
+                let len = v.step_npy_len();
                 if offset >= len {
                     return Ok(());
                 }
                 out.resize((u64::from(size)).min(len - offset) as usize, 0);
-                let n = self.view.read_step_npy(key, offset, out)?;
+                let n = v.read_step_npy(key, offset, out)?;
                 out.truncate(n);
             }
-            Node::StepJson(key) => self.view.read_step_json(key, offset, size, out),
-            Node::Info => copy_range(self.view.info_json(), offset, size, out),
+            Node::ObservationNpy(i) => {
+                let len = v.observation_npy_len(i)?;
+                if offset >= len {
+                    return Ok(());
+                }
+                out.resize((u64::from(size)).min(len - offset) as usize, 0);
+                let n = v.read_observation_npy(i, offset, out)?;
+                out.truncate(n);
+            }
+            Node::StepJson(key) => json_range(offset, size, out, |w| v.write_step_json(key, w))?,
+            Node::ObservationJson(i) => {
+                json_range(offset, size, out, |w| v.write_observation_json(i, w))?
+            }
+            Node::LookupJson(e, i) => {
+                json_range(offset, size, out, |w| v.write_lookup_json(e, i, w))?
+            }
+            Node::Info => copy_range(v.info_json(), offset, size, out),
             _ => return Err(Error::IsADirectory),
         }
         Ok(())
@@ -533,11 +679,27 @@ mod tests {
 
     #[test]
     fn inode_numbering_round_trips() {
-        let inodes = Inodes::new(3, 4, 5).unwrap();
-        let mut all = vec![Node::Root, Node::Info, Node::EpochList];
+        let inodes = Inodes::new(3, 4, 5, 7).unwrap();
+        let mut all = vec![
+            Node::Root,
+            Node::Info,
+            Node::EpochList,
+            Node::ObservationList,
+            Node::Lookup,
+            Node::LookupEpochList,
+        ];
+        for o in 0..7 {
+            all.push(Node::ObservationNpy(o));
+            all.push(Node::ObservationJson(o));
+        }
         for e in 0..3 {
             all.push(Node::Epoch(e));
             all.push(Node::RankList(e));
+            all.push(Node::LookupEpoch(e));
+            all.push(Node::LookupObservationList(e));
+            for o in 0..7 {
+                all.push(Node::LookupJson(e, o));
+            }
             for r in 0..4 {
                 all.push(Node::Rank(e, r));
                 all.push(Node::StepList(e, r));
@@ -569,8 +731,9 @@ mod tests {
 
     #[test]
     fn inode_space_overflow_is_refused() {
-        assert!(Inodes::new(u64::MAX, 2, 1).is_err());
-        assert!(Inodes::new(1 << 20, 1 << 20, 1 << 23).is_err());
-        assert!(Inodes::new(100, 1024, 1 << 40).is_ok());
+        assert!(Inodes::new(u64::MAX, 2, 1, 1).is_err());
+        assert!(Inodes::new(1 << 20, 1 << 20, 1 << 23, 1).is_err());
+        assert!(Inodes::new(2, 1, 1, u64::MAX / 2).is_err());
+        assert!(Inodes::new(100, 1024, 1 << 40, 1 << 50).is_ok());
     }
 }

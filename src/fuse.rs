@@ -358,6 +358,21 @@ impl Filesystem for FuseAdapter {
         }
     }
 
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        // Python's open() probes every file with an ioctl (TCGETS, "is it a terminal?").
+        reply.error(Errno::from_i32(libc::ENOTTY));
+    }
+
     fn removexattr(&self, _req: &Request, ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
         reply.error(fail("removexattr", ino.0, &Error::ReadOnly));
     }

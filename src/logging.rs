@@ -104,6 +104,14 @@ pub fn to_syslog() {
     *SINK.lock().unwrap_or_else(|p| p.into_inner()) = Sink::Syslog;
 }
 
+/// Whether log lines currently go to stderr.
+pub fn is_stderr() -> bool {
+    matches!(
+        *SINK.lock().unwrap_or_else(|p| p.into_inner()),
+        Sink::Stderr
+    )
+}
+
 /// Drops further log lines.
 pub fn discard() {
     *SINK.lock().unwrap_or_else(|p| p.into_inner()) = Sink::Discard;

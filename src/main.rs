@@ -10,12 +10,8 @@ fn main() {
     let cli = Cli::parse();
     logging::init(cli.verbose as i8 - cli.quiet as i8);
     if let Err(e) = cmd::run(cli.command) {
+        // Display already includes the underlying cause.
         eprintln!("error: {e}");
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            eprintln!("  caused by: {s}");
-            source = s.source();
-        }
         std::process::exit(1);
     }
 }

@@ -268,15 +268,21 @@ pub fn mount_state(mountpoint: &Path) -> Result<MountState> {
     // A hung daemon never answers: probe from a thread and give up after a timeout.
     let (tx, rx) = std::sync::mpsc::channel();
     let probe_path = mountpoint.to_path_buf();
-    let spawned = std::thread::Builder::new()
+    let Ok(probe) = std::thread::Builder::new()
         .name("statfs-probe".into())
         .spawn(move || {
             let _ = tx.send(nix::sys::statfs::statfs(&probe_path).map(|_| ()));
-        });
-    if spawned.is_err() {
+        })
+    else {
         return Ok(MountState::Live(entry));
+    };
+    let answer = rx.recv_timeout(PROBE_TIMEOUT);
+    if answer.is_ok() {
+        // The probe has answered: wait for its thread to end, so the caller is
+        // single-threaded again (the background mount forks after this).
+        let _ = probe.join();
     }
-    match rx.recv_timeout(PROBE_TIMEOUT) {
+    match answer {
         Err(_) => Err(Error::invalid(format!(
             "{}: the {} mount of {} does not answer (its daemon hangs); unmount it with \
              `shufflefs unmount --lazy {}`",
@@ -322,6 +328,17 @@ pub fn prepare_mountpoint(mountpoint: &Path) -> Result<PathBuf> {
     let abs = absolute_mountpoint(mountpoint)?;
     match mount_state(&abs)? {
         MountState::NotMounted => {}
+        MountState::Stale(entry) if !entry.is_shufflefs() => {
+            return Err(Error::invalid(format!(
+                "{} holds a dead {} mount of {} that is not shufflefs's; unmount it first \
+                 (`umount -l {}` or `fusermount3 -u -z {}`)",
+                abs.display(),
+                entry.fstype,
+                entry.source,
+                abs.display(),
+                abs.display()
+            )));
+        }
         MountState::Stale(entry) => {
             warn!(
                 "{} holds a stale {} mount of {} (its daemon died); clearing it",

@@ -1,24 +1,40 @@
-//! `shufflefs pack`: concatenate input token files into shards plus a manifest.
+//! `shufflefs pack`: concatenate input files into shards plus a manifest.
 //!
-//! Inputs are checked completely before anything is written (existence, regular file, size a
-//! multiple of the record size, `.npy` header, dtype and shape; a file is `.npy` when it starts
-//! with numpy's magic, whatever its name), so a bad input fails fast with its file named.
-//! Shards are written under a temporary name, fsynced and renamed to names unique to this pack
-//! run; the directory is fsynced, then the manifest is written last the same way. Until the
-//! manifest's rename the directory holds no new dataset, so a crashed or failed pack never
-//! leaves something that mounts, a failed pack removes what it wrote, and `--force` replaces
-//! an existing dataset atomically (its old shards are deleted only after the switch).
+//! Inputs, in the order given, make one record stream:
+//! - raw headerless little-endian record files (nanoGPT `train.bin` style);
+//! - `.npy` arrays, 1-D, plain or structured (recognised by numpy's magic, whatever the name);
+//! - JSON Lines documents (`.jsonl`/`.ndjson`): `{"tokens": [...], "meta": ..., "spans": [...]}`.
+//!
+//! Files are checked before anything is written (existence, regular file, size a multiple of
+//! the record size, `.npy` header, dtype and shape). JSON Lines are validated while they are
+//! written; any error names the file and line and removes everything written. Shards are
+//! written under temporary names, fsynced and renamed to names unique to this pack run; the
+//! directory is fsynced, then the manifest is written last the same way. Until the manifest's
+//! rename the directory holds no new dataset, so a crashed or failed pack never leaves
+//! something that mounts, and `--force` replaces a dataset atomically (its old shards are
+//! deleted only after the switch).
+//!
+//! Documents: when any input is JSON Lines or `--doc-sep` is given, every record belongs to a
+//! document (a raw or `.npy` input without `--doc-sep` is one document), and each shard gets
+//! document and metadata files (format.rs `ShardDocs`). Every span of records that shares
+//! metadata is one *entry*; each record stores its shard-local entry id, and an entry that
+//! continues into the next shard is written again there, so every shard is self-contained.
 
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use log::debug;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 
 use crate::dtype::{RecordType, ScalarType};
 use crate::error::{Error, Result};
 use crate::format::{
-    self, ContentHasher, FORMAT_NAME, MANIFEST, Manifest, ShardEntry, VERSION, shard_name,
+    self, ContentHasher, FORMAT_NAME, MANIFEST, Manifest, ShardDocs, ShardEntry, VERSION,
+    shard_name,
 };
 use crate::npy;
 
@@ -28,23 +44,22 @@ pub const DEFAULT_SHARD_SIZE: u64 = 1 << 30;
 /// Copy buffer size: large enough to stream at disk speed, small enough to stay cheap.
 const CHUNK: usize = 8 << 20;
 
+/// Entries per shard are addressed by u32 ids.
+const MAX_ENTRIES: u64 = 1 << 32;
+
 /// Options of `shufflefs pack`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct PackOptions {
-    /// The record type of every input.
-    pub dtype: ScalarType,
+    /// The token type (`--dtype`); required unless an `.npy` input defines the record type.
+    pub dtype: Option<ScalarType>,
     /// Upper bound of a shard's size in bytes (rounded down to whole records).
     pub shard_size: u64,
     /// Replace an existing dataset in the directory.
     pub force: bool,
-}
-
-/// One checked input: where its records start and how many bytes they span.
-#[derive(Debug)]
-struct Input {
-    path: PathBuf,
-    data_offset: u64,
-    data_bytes: u64,
+    /// End a document after every record whose token equals this value.
+    pub doc_sep: Option<i128>,
+    /// Show a progress bar on stderr when it is a terminal.
+    pub progress: bool,
 }
 
 /// Parses a byte size: a number with an optional binary suffix (`K`/`KiB`, `M`/`MiB`,
@@ -71,8 +86,26 @@ fn bad_size(text: &str) -> Error {
     ))
 }
 
-/// Checks one input and returns where its records are.
-fn check_input(path: &Path, dtype: ScalarType) -> Result<Input> {
+/// One checked input.
+#[derive(Debug)]
+enum Input {
+    /// Records at `[offset, offset + bytes)` of a raw or `.npy` file.
+    Records {
+        path: PathBuf,
+        offset: u64,
+        bytes: u64,
+    },
+    /// A JSON Lines file of documents.
+    Jsonl { path: PathBuf },
+}
+
+fn is_jsonl(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("jsonl") || e.eq_ignore_ascii_case("ndjson"))
+}
+
+/// Checks one input; `record` is the dataset's record type once known.
+fn check_input(path: &Path, record: &mut Option<RecordType>) -> Result<Input> {
     // metadata before open: opening a FIFO would block.
     let meta = fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if !meta.is_file() {
@@ -81,9 +114,30 @@ fn check_input(path: &Path, dtype: ScalarType) -> Result<Input> {
             path.display()
         )));
     }
+    if is_jsonl(path) {
+        match record {
+            Some(r) if r.scalar_type().is_none_or(|t| !t.is_token_type()) => {
+                return Err(Error::invalid(format!(
+                    "{}: JSON Lines documents need an integer token dtype, but the dataset's \
+                     records are {}",
+                    path.display(),
+                    r.manifest_descr()
+                )));
+            }
+            Some(_) => {}
+            None => {
+                return Err(Error::invalid(format!(
+                    "{}: JSON Lines input needs --dtype (the token type)",
+                    path.display()
+                )));
+            }
+        }
+        return Ok(Input::Jsonl {
+            path: path.to_path_buf(),
+        });
+    }
     let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
     let len = meta.len();
-    let itemsize = dtype.size() as u64;
     let mut magic = [0u8; 6];
     let has_magic = len >= 6
         && file.read_exact(&mut magic).is_ok()
@@ -100,17 +154,25 @@ fn check_input(path: &Path, dtype: ScalarType) -> Result<Input> {
         )));
     }
     if !has_magic {
-        if len % itemsize != 0 {
+        let Some(r) = record.as_ref() else {
             return Err(Error::invalid(format!(
-                "{}: {len} bytes is not a whole number of {dtype} tokens ({itemsize} bytes \
-                 each); is --dtype right?",
+                "{}: raw input needs --dtype (the token type)",
                 path.display()
             )));
+        };
+        let itemsize = r.itemsize() as u64;
+        if len % itemsize != 0 {
+            return Err(Error::invalid(format!(
+                "{}: {len} bytes is not a whole number of {} records ({itemsize} bytes \
+                 each); is --dtype right?",
+                path.display(),
+                r.manifest_descr()
+            )));
         }
-        return Ok(Input {
+        return Ok(Input::Records {
             path: path.to_path_buf(),
-            data_offset: 0,
-            data_bytes: len,
+            offset: 0,
+            bytes: len,
         });
     }
     let mut head = Vec::with_capacity(4096);
@@ -120,32 +182,43 @@ fn check_input(path: &Path, dtype: ScalarType) -> Result<Input> {
         .map_err(|e| Error::io(path, e))?;
     let header =
         npy::parse_header(&head).map_err(|e| Error::invalid(format!("{}: {e}", path.display())))?;
-    let found = ScalarType::from_descr(&header.descr).map_err(|e| {
+    let found = RecordType::from_descr(&header.descr).map_err(|e| {
         Error::invalid(format!(
-            "{}: array dtype {:?} cannot be packed as --dtype {dtype}: {e}",
+            "{}: array dtype {} cannot be packed: {e}",
             path.display(),
             header.descr
         ))
     })?;
-    if found != dtype {
-        return Err(Error::invalid(format!(
-            "{}: array dtype is {} ({}) but --dtype is {dtype}: pass --dtype {} or convert \
-             with arr.astype('{}')",
-            path.display(),
-            found,
-            header.descr,
-            found,
-            dtype.descr()
-        )));
+    match record {
+        None => *record = Some(found.clone()),
+        Some(want) if *want != found => {
+            let hint = match found.scalar_type() {
+                Some(t) if t.is_token_type() => format!("pass --dtype {t} or convert"),
+                _ => "convert".to_string(),
+            };
+            return Err(Error::invalid(format!(
+                "{}: array dtype is {} ({}) but the dataset's records are {}: {hint} with \
+                 arr.astype({:?})",
+                path.display(),
+                found
+                    .scalar_type()
+                    .map_or_else(|| "structured".to_string(), |t| t.to_string()),
+                header.descr,
+                want.manifest_descr(),
+                want.manifest_descr()
+            )));
+        }
+        Some(_) => {}
     }
     let [count] = header.shape[..] else {
         return Err(Error::invalid(format!(
-            "{}: array has shape {:?}; pack takes 1-D token arrays (flatten it with \
+            "{}: array has shape {:?}; pack takes 1-D arrays (flatten it with \
              arr.reshape(-1))",
             path.display(),
             header.shape
         )));
     };
+    let itemsize = found.itemsize() as u64;
     let data_bytes = count
         .checked_mul(itemsize)
         .ok_or_else(|| Error::invalid(format!("{}: shape {count} overflows", path.display())))?;
@@ -157,19 +230,11 @@ fn check_input(path: &Path, dtype: ScalarType) -> Result<Input> {
             header.data_offset
         )));
     }
-    Ok(Input {
+    Ok(Input::Records {
         path: path.to_path_buf(),
-        data_offset: header.data_offset,
-        data_bytes,
+        offset: header.data_offset,
+        bytes: data_bytes,
     })
-}
-
-/// A shard being written: temporary file plus running hash.
-struct ShardWriter {
-    tmp: PathBuf,
-    file: File,
-    hasher: ContentHasher,
-    bytes: u64,
 }
 
 /// Everything a pack has put on disk so far, removed again if the pack fails.
@@ -188,28 +253,46 @@ impl Written {
 
 /// Packs `inputs` into `dir`. Returns the manifest written.
 pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Manifest> {
-    let itemsize = options.dtype.size() as u64;
     if inputs.is_empty() {
         return Err(Error::invalid("no INPUT files given"));
     }
-    let shard_records = options.shard_size / itemsize;
-    if shard_records == 0 {
-        return Err(Error::invalid(format!(
-            "--shard-size {} is smaller than one {} token",
-            options.shard_size, options.dtype
-        )));
+    let mut record = options.dtype.map(RecordType::scalar);
+    // The first .npy may define the record type for the others.
+    if record.is_none() {
+        for p in inputs.iter().filter(|p| !is_jsonl(p)) {
+            if let Ok(Input::Records { .. }) = check_input(p, &mut record)
+                && record.is_some()
+            {
+                break;
+            }
+        }
     }
     let checked: Vec<Input> = inputs
         .iter()
-        .map(|p| check_input(p, options.dtype))
+        .map(|p| check_input(p, &mut record))
         .collect::<Result<_>>()?;
-    let total_bytes = checked
-        .iter()
-        .try_fold(0u64, |acc, i| acc.checked_add(i.data_bytes))
-        .ok_or_else(|| Error::invalid("the inputs together exceed 2^64 bytes"))?;
-    if total_bytes == 0 {
-        return Err(Error::invalid("the inputs hold no tokens"));
+    let record = record.ok_or_else(|| Error::invalid("--dtype is required"))?;
+    let itemsize = record.itemsize() as u64;
+    let shard_records = options.shard_size / itemsize;
+    if shard_records == 0 {
+        return Err(Error::invalid(format!(
+            "--shard-size {} is smaller than one record ({itemsize} bytes)",
+            options.shard_size
+        )));
     }
+    if let Some(sep) = options.doc_sep
+        && record
+            .token_type()
+            .int_range()
+            .is_none_or(|(lo, hi)| sep < lo || sep > hi)
+    {
+        return Err(Error::invalid(format!(
+            "--doc-sep {sep} is not a {} value",
+            record.token_type()
+        )));
+    }
+    let has_docs =
+        options.doc_sep.is_some() || checked.iter().any(|i| matches!(i, Input::Jsonl { .. }));
     fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let manifest_path = dir.join(MANIFEST);
     let old = if manifest_path.exists() {
@@ -226,33 +309,672 @@ pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Man
     } else {
         None
     };
-    let pack_id = new_pack_id();
-    let mut written = Written::default();
-    let result = write_shards(
-        dir,
-        &pack_id,
-        &checked,
-        shard_records * itemsize,
-        options,
-        &mut written,
-    )
-    .and_then(|shards| write_manifest(dir, shards, options.dtype, &mut written));
+    let total_bytes: u64 = checked
+        .iter()
+        .map(|i| match i {
+            Input::Records { bytes, .. } => *bytes,
+            Input::Jsonl { path } => fs::metadata(path).map_or(0, |m| m.len()),
+        })
+        .fold(0u64, u64::saturating_add);
+    let mut writer = Writer::new(dir, record.clone(), shard_records * itemsize, has_docs);
+    writer.progress = options.progress.then(|| progress_bar(total_bytes));
+    let result = write_all(&mut writer, &checked, options).and_then(|()| {
+        let (shards, documents, metadata) = writer.finish()?;
+        write_manifest(
+            dir,
+            shards,
+            &record,
+            documents,
+            metadata,
+            &mut writer.written,
+        )
+    });
+    if let Some(bar) = &writer.progress {
+        bar.finish_and_clear();
+    }
     match &result {
         Ok(new) => {
-            // The new manifest is in place: shards only the old one referenced are garbage.
+            // The new manifest is in place: files only the old one referenced are garbage.
             if let Some(old) = old {
-                for s in old
-                    .shards
-                    .iter()
-                    .filter(|s| !new.shards.iter().any(|n| n.path == s.path))
-                {
-                    let _ = fs::remove_file(dir.join(&s.path));
+                let keep: Vec<&str> = new.shards.iter().flat_map(shard_files).collect();
+                for f in old.shards.iter().flat_map(shard_files) {
+                    if !keep.contains(&f) {
+                        let _ = fs::remove_file(dir.join(f));
+                    }
                 }
             }
         }
-        Err(_) => written.cleanup(),
+        Err(_) => writer.written.cleanup(),
     }
     result
+}
+
+/// All file names of one shard.
+fn shard_files(s: &ShardEntry) -> Vec<&str> {
+    let mut v = vec![s.path.as_str()];
+    if let Some(d) = &s.docs {
+        v.extend([
+            d.ids.as_str(),
+            d.index.as_str(),
+            d.meta.as_str(),
+            d.docs.as_str(),
+        ]);
+    }
+    v
+}
+
+fn progress_bar(total: u64) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {bytes}/{total_bytes} ({binary_bytes_per_sec}) {msg}",
+        )
+        .expect("valid template"),
+    );
+    bar
+}
+
+fn write_all(writer: &mut Writer, inputs: &[Input], options: &PackOptions) -> Result<()> {
+    for input in inputs {
+        match input {
+            Input::Records {
+                path,
+                offset,
+                bytes,
+            } => write_records_file(writer, path, *offset, *bytes, options.doc_sep)?,
+            Input::Jsonl { path } => write_jsonl(writer, path)?,
+        }
+    }
+    Ok(())
+}
+
+fn write_records_file(
+    writer: &mut Writer,
+    path: &Path,
+    offset: u64,
+    bytes: u64,
+    doc_sep: Option<i128>,
+) -> Result<()> {
+    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+    file.seek(SeekFrom::Start(offset))
+        .map_err(|e| Error::io(path, e))?;
+    let itemsize = writer.itemsize as usize;
+    let per_chunk = (CHUNK / itemsize).max(1) * itemsize;
+    let mut buf = vec![0u8; per_chunk];
+    let mut left = bytes;
+    let mut doc_open = false;
+    while left > 0 {
+        let want = left.min(per_chunk as u64) as usize;
+        file.read_exact(&mut buf[..want]).map_err(|e| {
+            Error::io(
+                path,
+                io::Error::new(e.kind(), format!("input changed while packing: {e}")),
+            )
+        })?;
+        left -= want as u64;
+        if !writer.has_docs {
+            writer.write_plain(&buf[..want])?;
+            continue;
+        }
+        // Split at separators: a document ends after each separator record.
+        let mut start = 0;
+        for (i, rec) in buf[..want].chunks_exact(itemsize).enumerate() {
+            let ends = doc_sep.is_some_and(|sep| writer.record.token_value(rec) == sep);
+            if ends {
+                let end = (i + 1) * itemsize;
+                if !doc_open {
+                    writer.begin_doc(None)?;
+                }
+                writer.write_doc_records(&buf[start..end], Seg::Doc)?;
+                writer.end_doc()?;
+                doc_open = false;
+                start = end;
+            }
+        }
+        if start < want {
+            if !doc_open {
+                writer.begin_doc(None)?;
+                doc_open = true;
+            }
+            writer.write_doc_records(&buf[start..want], Seg::Doc)?;
+        }
+    }
+    if doc_open {
+        writer.end_doc()?;
+    }
+    Ok(())
+}
+
+/// One JSON Lines document.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonDoc<'a> {
+    tokens: Vec<serde_json::Number>,
+    #[serde(default, borrow)]
+    meta: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    spans: Vec<JsonSpan<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonSpan<'a> {
+    start: u64,
+    end: u64,
+    #[serde(default, borrow)]
+    meta: Option<&'a RawValue>,
+}
+
+fn write_jsonl(writer: &mut Writer, path: &Path) -> Result<()> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let token = writer.record.token_type();
+    let (lo, hi) = token.int_range().expect("integer token type");
+    let size = token.size();
+    let mut line = String::new();
+    let mut records = Vec::new();
+    let mut number = 0u64;
+    loop {
+        line.clear();
+        let n = reader
+            .read_line(&mut line)
+            .map_err(|e| Error::invalid(format!("{}:{}: {e}", path.display(), number + 1)))?;
+        if n == 0 {
+            return Ok(());
+        }
+        number += 1;
+        let at = |why: String| Error::invalid(format!("{}:{number}: {why}", path.display()));
+        if line.trim().is_empty() {
+            return Err(at("empty line: every line must be one JSON document".into()));
+        }
+        let doc: JsonDoc<'_> = serde_json::from_str(&line).map_err(|e| {
+            let why = e.to_string();
+            if why.contains("missing field `tokens`") {
+                at("missing \"tokens\" (each line is {\"tokens\": [...], \"meta\": ...})".into())
+            } else {
+                at(format!("not a valid document: {why}"))
+            }
+        })?;
+        if doc.tokens.is_empty() {
+            return Err(at(
+                "\"tokens\" is empty: a document needs at least one token".into(),
+            ));
+        }
+        records.clear();
+        for (i, t) in doc.tokens.iter().enumerate() {
+            let v = t
+                .as_i128()
+                .filter(|v| (lo..=hi).contains(v))
+                .ok_or_else(|| {
+                    at(format!(
+                        "token {i} ({t}) is not a {token} value ({lo}..={hi})"
+                    ))
+                })?;
+            records.extend_from_slice(&v.to_le_bytes()[..size]);
+        }
+        let len = doc.tokens.len() as u64;
+        let mut prev_end = 0;
+        for (i, s) in doc.spans.iter().enumerate() {
+            if s.start >= s.end || s.end > len {
+                return Err(at(format!(
+                    "span {i} [{}, {}) is out of bounds: spans need start < end <= {len} \
+                     (the number of tokens)",
+                    s.start, s.end
+                )));
+            }
+            if s.start < prev_end {
+                return Err(at(format!(
+                    "span {i} [{}, {}) overlaps or precedes the previous span: spans must be \
+                     sorted and disjoint",
+                    s.start, s.end
+                )));
+            }
+            prev_end = s.end;
+        }
+        writer.begin_doc(doc.meta.map(RawValue::get))?;
+        let mut pos = 0u64;
+        for s in &doc.spans {
+            if pos < s.start {
+                writer.write_doc_records(
+                    &records[(pos as usize) * size..(s.start as usize) * size],
+                    Seg::Doc,
+                )?;
+            }
+            let meta = s.meta.map_or("null", RawValue::get);
+            writer.write_doc_records(
+                &records[(s.start as usize) * size..(s.end as usize) * size],
+                Seg::Span(meta),
+            )?;
+            pos = s.end;
+        }
+        if pos < len {
+            writer.write_doc_records(&records[(pos as usize) * size..], Seg::Doc)?;
+        }
+        writer.end_doc()?;
+    }
+}
+
+/// Which metadata a run of records carries.
+#[derive(Clone, Copy)]
+enum Seg<'a> {
+    /// The document's own metadata.
+    Doc,
+    /// A span's metadata (JSON text).
+    Span(&'a str),
+}
+
+/// The files of the shard being written.
+struct OpenShard {
+    index: usize,
+    name: String,
+    tmp: PathBuf,
+    file: BufWriter<File>,
+    hasher: ContentHasher,
+    bytes: u64,
+    docs: Option<OpenDocs>,
+}
+
+/// The document files of the shard being written.
+struct OpenDocs {
+    ids: BufWriter<File>,
+    index: BufWriter<File>,
+    meta: BufWriter<File>,
+    docs: BufWriter<File>,
+    tmps: [PathBuf; 4],
+    names: [String; 4],
+    hashers: [ContentHasher; 4],
+    entries: u64,
+    meta_bytes: u64,
+    documents: u64,
+    /// Dataset-wide entry number -> shard-local id, for the entries of the open document.
+    local: HashMap<u64, u32>,
+}
+
+/// The document being written.
+struct OpenDoc {
+    id: u64,
+    meta: String,
+    entry: u64,
+    start: Option<(u64, usize, u32)>,
+    spans: u64,
+}
+
+struct Writer {
+    dir: PathBuf,
+    pack_id: String,
+    record: RecordType,
+    itemsize: u64,
+    shard_bytes: u64,
+    has_docs: bool,
+    shards: Vec<ShardEntry>,
+    current: Option<OpenShard>,
+    /// Docs records of documents that started in a finished shard and are still open.
+    pending_docs: Vec<(usize, Vec<u8>)>,
+    /// Running hashes of each finished shard's document files (ids, index, meta, docs).
+    doc_hashers: Vec<[ContentHasher; 4]>,
+    next_record: u64,
+    next_doc: u64,
+    next_entry: u64,
+    doc: Option<OpenDoc>,
+    metadata: bool,
+    written: Written,
+    progress: Option<indicatif::ProgressBar>,
+    started: Instant,
+}
+
+impl Writer {
+    fn new(dir: &Path, record: RecordType, shard_bytes: u64, has_docs: bool) -> Writer {
+        Writer {
+            dir: dir.to_path_buf(),
+            pack_id: new_pack_id(),
+            itemsize: record.itemsize() as u64,
+            record,
+            shard_bytes,
+            has_docs,
+            shards: Vec::new(),
+            current: None,
+            pending_docs: Vec::new(),
+            doc_hashers: Vec::new(),
+            next_record: 0,
+            next_doc: 0,
+            next_entry: 0,
+            doc: None,
+            metadata: false,
+            written: Written::default(),
+            progress: None,
+            started: Instant::now(),
+        }
+    }
+
+    fn create(&mut self, name: &str) -> Result<(PathBuf, BufWriter<File>)> {
+        let tmp = self.dir.join(format!("{name}.tmp"));
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(|e| Error::io(&tmp, e))?;
+        self.written.files.push(tmp.clone());
+        Ok((tmp, BufWriter::with_capacity(1 << 20, f)))
+    }
+
+    /// The shard being written, opened on demand.
+    fn shard(&mut self) -> Result<&mut OpenShard> {
+        if self.current.is_none() {
+            let index = self.shards.len();
+            let name = shard_name(&self.pack_id, index);
+            let stem = name.trim_end_matches(".bin").to_string();
+            let (tmp, file) = self.create(&name)?;
+            let docs = if self.has_docs {
+                let names = ["ids", "idx", "meta", "docs"].map(|ext| format!("{stem}.{ext}"));
+                let mut files = Vec::new();
+                let mut tmps = Vec::new();
+                for n in &names {
+                    let (t, f) = self.create(n)?;
+                    tmps.push(t);
+                    files.push(f);
+                }
+                let mut files = files.into_iter();
+                let mut next = || files.next().expect("four files");
+                Some(OpenDocs {
+                    ids: next(),
+                    index: next(),
+                    meta: next(),
+                    docs: next(),
+                    tmps: tmps.try_into().expect("four paths"),
+                    names,
+                    hashers: Default::default(),
+                    entries: 0,
+                    meta_bytes: 0,
+                    documents: 0,
+                    local: HashMap::new(),
+                })
+            } else {
+                None
+            };
+            self.current = Some(OpenShard {
+                index,
+                name,
+                tmp,
+                file,
+                hasher: ContentHasher::new(),
+                bytes: 0,
+                docs,
+            });
+        }
+        Ok(self.current.as_mut().expect("just opened"))
+    }
+
+    fn write_plain(&mut self, mut bytes: &[u8]) -> Result<()> {
+        while !bytes.is_empty() {
+            let shard_bytes = self.shard_bytes;
+            let shard = self.shard()?;
+            let take = ((shard_bytes - shard.bytes) as usize).min(bytes.len());
+            shard
+                .file
+                .write_all(&bytes[..take])
+                .map_err(|e| Error::io(&shard.tmp, e))?;
+            shard.hasher.update(&bytes[..take]);
+            shard.bytes += take as u64;
+            let full = shard.bytes == shard_bytes;
+            self.next_record += take as u64 / self.itemsize;
+            if let Some(bar) = &self.progress {
+                bar.inc(take as u64);
+            }
+            bytes = &bytes[take..];
+            if full {
+                self.finish_shard()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn begin_doc(&mut self, meta: Option<&str>) -> Result<()> {
+        if meta.is_some_and(|m| m != "null") {
+            self.metadata = true;
+        }
+        let entry = self.next_entry;
+        self.next_entry += 1;
+        self.doc = Some(OpenDoc {
+            id: self.next_doc,
+            meta: meta.unwrap_or("null").to_string(),
+            entry,
+            start: None,
+            spans: 0,
+        });
+        self.next_doc += 1;
+        Ok(())
+    }
+
+    /// The shard-local id of a dataset-wide entry, registering it in the current shard.
+    fn local_entry(&mut self, entry: u64, doc: u64, meta: &str) -> Result<u32> {
+        let shard = self.shard()?;
+        let docs = shard.docs.as_mut().expect("document shard");
+        if let Some(&id) = docs.local.get(&entry) {
+            return Ok(id);
+        }
+        if docs.entries >= MAX_ENTRIES {
+            return Err(Error::invalid(
+                "more than 2^32 metadata entries in one shard: lower --shard-size",
+            ));
+        }
+        let id = docs.entries as u32;
+        let mut bytes = Vec::with_capacity(16 + meta.len());
+        bytes.extend_from_slice(&doc.to_le_bytes());
+        bytes.extend_from_slice(&entry.to_le_bytes());
+        bytes.extend_from_slice(meta.as_bytes());
+        let offset = docs.meta_bytes.to_le_bytes();
+        docs.index
+            .write_all(&offset)
+            .and_then(|()| docs.meta.write_all(&bytes))
+            .map_err(|e| Error::io(&docs.tmps[2], e))?;
+        docs.hashers[1].update(&offset);
+        docs.hashers[2].update(&bytes);
+        docs.meta_bytes += bytes.len() as u64;
+        docs.entries += 1;
+        docs.local.insert(entry, id);
+        Ok(id)
+    }
+
+    fn write_doc_records(&mut self, mut bytes: &[u8], seg: Seg<'_>) -> Result<()> {
+        let mut doc = self.doc.take().expect("an open document");
+        let (entry, meta) = match seg {
+            Seg::Doc => (doc.entry, doc.meta.clone()),
+            Seg::Span(m) => {
+                if m != "null" {
+                    self.metadata = true;
+                }
+                doc.spans += 1;
+                // Spans get entry numbers after their document's.
+                let e = self.next_entry;
+                self.next_entry += 1;
+                (e, m.to_string())
+            }
+        };
+        let result = (|| {
+            while !bytes.is_empty() {
+                if doc.start.is_none() {
+                    let doc_entry = self.local_entry(doc.entry, doc.id, &doc.meta)?;
+                    let index = self.shard()?.index;
+                    doc.start = Some((self.next_record, index, doc_entry));
+                }
+                let id = self.local_entry(entry, doc.id, &meta)?;
+                let shard_bytes = self.shard_bytes;
+                let itemsize = self.itemsize;
+                let shard = self.shard()?;
+                let take = ((shard_bytes - shard.bytes) as usize).min(bytes.len());
+                shard
+                    .file
+                    .write_all(&bytes[..take])
+                    .map_err(|e| Error::io(&shard.tmp, e))?;
+                shard.hasher.update(&bytes[..take]);
+                shard.bytes += take as u64;
+                let docs = shard.docs.as_mut().expect("document shard");
+                let ids: Vec<u8> = std::iter::repeat_n(id.to_le_bytes(), take / itemsize as usize)
+                    .flatten()
+                    .collect();
+                docs.ids
+                    .write_all(&ids)
+                    .map_err(|e| Error::io(&docs.tmps[0], e))?;
+                docs.hashers[0].update(&ids);
+                let full = shard.bytes == shard_bytes;
+                self.next_record += take as u64 / itemsize;
+                if let Some(bar) = &self.progress {
+                    bar.inc(take as u64);
+                }
+                bytes = &bytes[take..];
+                if full {
+                    self.finish_shard()?;
+                }
+            }
+            Ok(())
+        })();
+        self.doc = Some(doc);
+        result
+    }
+
+    fn end_doc(&mut self) -> Result<()> {
+        let doc = self.doc.take().expect("an open document");
+        let (start, shard_index, entry) = doc.start.expect("documents are not empty");
+        let mut rec = Vec::with_capacity(format::DOC_RECORD as usize);
+        rec.extend_from_slice(&start.to_le_bytes());
+        rec.extend_from_slice(&(self.next_record - start).to_le_bytes());
+        rec.extend_from_slice(&u64::from(entry).to_le_bytes());
+        match self.current.as_mut().filter(|s| s.index == shard_index) {
+            Some(shard) => {
+                let docs = shard.docs.as_mut().expect("document shard");
+                docs.docs
+                    .write_all(&rec)
+                    .map_err(|e| Error::io(&docs.tmps[3], e))?;
+                docs.hashers[3].update(&rec);
+                docs.documents += 1;
+                docs.local.clear();
+            }
+            None => {
+                // The document started in a shard that is already finished.
+                self.pending_docs.push((shard_index, rec));
+                self.flush_pending_docs()?;
+                if let Some(docs) = self.current.as_mut().and_then(|s| s.docs.as_mut()) {
+                    docs.local.clear();
+                }
+            }
+        }
+        if let Some(bar) = &self.progress
+            && doc.id.is_multiple_of(1024)
+        {
+            let secs = self.started.elapsed().as_secs_f64().max(1e-9);
+            bar.set_message(format!(
+                "{} documents, {} tokens, {:.0} MB/s",
+                doc.id + 1,
+                self.next_record,
+                (self.next_record * self.itemsize) as f64 / secs / 1e6
+            ));
+        }
+        Ok(())
+    }
+
+    /// Appends docs records of documents that ended after their start shard was finished.
+    fn flush_pending_docs(&mut self) -> Result<()> {
+        for (index, rec) in std::mem::take(&mut self.pending_docs) {
+            let entry = &mut self.shards[index];
+            let d = entry.docs.as_mut().expect("document shard");
+            let path = self.dir.join(&d.docs);
+            let mut f = OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .map_err(|e| Error::io(&path, e))?;
+            f.write_all(&rec).map_err(|e| Error::io(&path, e))?;
+            f.sync_all().map_err(|e| Error::io(&path, e))?;
+            d.documents += 1;
+            self.doc_hashers[index][3].update(&rec);
+        }
+        Ok(())
+    }
+
+    fn finish_shard(&mut self) -> Result<()> {
+        let Some(shard) = self.current.take() else {
+            return Ok(());
+        };
+        let sync = |mut w: BufWriter<File>, path: &Path| -> Result<()> {
+            w.flush().map_err(|e| Error::io(path, e))?;
+            w.get_ref().sync_all().map_err(|e| Error::io(path, e))
+        };
+        sync(shard.file, &shard.tmp)?;
+        let path = self.dir.join(&shard.name);
+        fs::rename(&shard.tmp, &path).map_err(|e| Error::io(&path, e))?;
+        self.written.files.push(path);
+        let docs = match shard.docs {
+            None => None,
+            Some(mut d) => {
+                let end = d.meta_bytes.to_le_bytes();
+                d.index
+                    .write_all(&end)
+                    .map_err(|e| Error::io(&d.tmps[1], e))?;
+                d.hashers[1].update(&end);
+                let [t0, t1, t2, t3] = d.tmps.clone();
+                sync(d.ids, &t0)?;
+                sync(d.index, &t1)?;
+                sync(d.meta, &t2)?;
+                sync(d.docs, &t3)?;
+                for (tmp, name) in d.tmps.iter().zip(&d.names) {
+                    let path = self.dir.join(name);
+                    fs::rename(tmp, &path).map_err(|e| Error::io(&path, e))?;
+                    self.written.files.push(path);
+                }
+                self.doc_hashers.push(d.hashers.clone());
+                let [ids, index, meta, docs] = d.names;
+                Some(ShardDocs {
+                    ids,
+                    index,
+                    meta,
+                    entries: d.entries,
+                    meta_bytes: d.meta_bytes,
+                    docs,
+                    documents: d.documents,
+                    hash: String::new(),
+                })
+            }
+        };
+        debug!("wrote {} ({} bytes)", shard.name, shard.bytes);
+        self.shards.push(ShardEntry {
+            path: shard.name,
+            records: shard.bytes / self.itemsize,
+            bytes: shard.bytes,
+            hash: format::format_hash(shard.hasher.finish()),
+            docs,
+        });
+        Ok(())
+    }
+
+    /// Finishes the last shard; returns the shards, the document count and whether any
+    /// metadata was seen.
+    fn finish(&mut self) -> Result<(Vec<ShardEntry>, Option<u64>, bool)> {
+        self.finish_shard()?;
+        if self.shards.is_empty() {
+            return Err(Error::invalid("the inputs hold no tokens"));
+        }
+        // Document-file hashes cover the files as finally written (some docs records were
+        // appended after their shard was finished): the hash of the four files' hashes.
+        for (s, hashers) in self.shards.iter_mut().zip(&self.doc_hashers) {
+            if let Some(d) = &mut s.docs {
+                let mut h = ContentHasher::new();
+                for file in hashers {
+                    h.update(&file.finish().to_le_bytes());
+                }
+                d.hash = format::format_hash(h.finish());
+            }
+        }
+        // The renames must be durable before a manifest can reference them.
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| Error::io(&self.dir, e))?;
+        let documents = self.has_docs.then_some(self.next_doc);
+        Ok((std::mem::take(&mut self.shards), documents, self.metadata))
+    }
 }
 
 /// An id unique to one pack run (time and process id, mixed), 8 hex digits.
@@ -264,121 +986,14 @@ fn new_pack_id() -> String {
     format!("{:08x}", id >> 32)
 }
 
-fn write_shards(
-    dir: &Path,
-    pack_id: &str,
-    inputs: &[Input],
-    shard_bytes: u64,
-    options: &PackOptions,
-    written: &mut Written,
-) -> Result<Vec<ShardEntry>> {
-    let itemsize = options.dtype.size() as u64;
-    let mut shards = Vec::new();
-    let mut current: Option<ShardWriter> = None;
-    let mut buf = vec![0u8; CHUNK];
-    for input in inputs {
-        let mut file = File::open(&input.path).map_err(|e| Error::io(&input.path, e))?;
-        file.seek(SeekFrom::Start(input.data_offset))
-            .map_err(|e| Error::io(&input.path, e))?;
-        let mut left = input.data_bytes;
-        while left > 0 {
-            let shard = match current.as_mut() {
-                Some(s) => s,
-                None => {
-                    let name = shard_name(pack_id, shards.len());
-                    let tmp = dir.join(format!("{name}.tmp"));
-                    let f = OpenOptions::new()
-                        .write(true)
-                        .create(true)
-                        .truncate(true)
-                        .open(&tmp)
-                        .map_err(|e| Error::io(&tmp, e))?;
-                    written.files.push(tmp.clone());
-                    current.insert(ShardWriter {
-                        tmp,
-                        file: f,
-                        hasher: ContentHasher::new(),
-                        bytes: 0,
-                    })
-                }
-            };
-            let room = shard_bytes - shard.bytes;
-            let want = left.min(room).min(CHUNK as u64) as usize;
-            file.read_exact(&mut buf[..want]).map_err(|e| {
-                Error::io(
-                    &input.path,
-                    io::Error::new(e.kind(), format!("input changed while packing: {e}")),
-                )
-            })?;
-            shard
-                .file
-                .write_all(&buf[..want])
-                .map_err(|e| Error::io(&shard.tmp, e))?;
-            shard.hasher.update(&buf[..want]);
-            shard.bytes += want as u64;
-            left -= want as u64;
-            if shard.bytes == shard_bytes {
-                let done = current.take().expect("current shard");
-                shards.push(finish_shard(
-                    dir,
-                    pack_id,
-                    shards.len(),
-                    done,
-                    itemsize,
-                    written,
-                )?);
-            }
-        }
-    }
-    if let Some(done) = current.take() {
-        shards.push(finish_shard(
-            dir,
-            pack_id,
-            shards.len(),
-            done,
-            itemsize,
-            written,
-        )?);
-    }
-    // The shard renames must be durable before a manifest can reference them.
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io(dir, e))?;
-    Ok(shards)
-}
-
-fn finish_shard(
-    dir: &Path,
-    pack_id: &str,
-    index: usize,
-    shard: ShardWriter,
-    itemsize: u64,
-    written: &mut Written,
-) -> Result<ShardEntry> {
-    shard
-        .file
-        .sync_all()
-        .map_err(|e| Error::io(&shard.tmp, e))?;
-    let name = shard_name(pack_id, index);
-    let path = dir.join(&name);
-    fs::rename(&shard.tmp, &path).map_err(|e| Error::io(&path, e))?;
-    written.files.push(path.clone());
-    debug!("wrote {} ({} bytes)", path.display(), shard.bytes);
-    Ok(ShardEntry {
-        path: name,
-        records: shard.bytes / itemsize,
-        bytes: shard.bytes,
-        hash: format::format_hash(shard.hasher.finish()),
-    })
-}
-
 fn write_manifest(
     dir: &Path,
     shards: Vec<ShardEntry>,
-    dtype: ScalarType,
+    record: &RecordType,
+    documents: Option<u64>,
+    metadata: bool,
     written: &mut Written,
 ) -> Result<Manifest> {
-    let record = RecordType::scalar(dtype);
     let manifest = Manifest {
         format: FORMAT_NAME.into(),
         version: VERSION,
@@ -387,6 +1002,8 @@ fn write_manifest(
         records: shards.iter().map(|s| s.records).sum(),
         content_hash: format::content_hash(&shards),
         shards,
+        documents,
+        metadata,
         created_by: format!("shufflefs {}", env!("CARGO_PKG_VERSION")),
     };
     let tmp = dir.join(format!("{MANIFEST}.tmp"));

@@ -1,23 +1,47 @@
 //! The contents of every file in the tree: a dataset seen through a plan.
 //!
-//! `View` answers "what are the bytes of `epoch/E/rank/R/step/S.npy` (or `.json`, or
-//! `info.json`)?" without knowing about inodes or FUSE. A step file is a numpy `.npy` of shape
-//! `(batch_size, window)`: the fixed header, then row `j` = the window of observation
-//! `perm_E(S*G + j*R + R_rank)`. Any byte range of it can be produced on its own, reading only
-//! the shard bytes that range covers.
+//! `View` answers "what are the bytes of `epoch/E/rank/R/step/S.npy` (or `.json`,
+//! `observation/I.npy`, `lookup/...`, `info.json`)?" without knowing about inodes or FUSE.
+//!
+//! A step file is a numpy `.npy` of shape `(batch_size, window)`: the fixed header, then row
+//! `j` = observation `perm_E(S*G + j*ranks + rank)`. In stream mode an observation is a window
+//! of the record stream; in documents mode it is a document's first `window` records, padded.
+//! Any byte range of a file can be produced on its own, reading only the shard bytes that range
+//! covers. JSON files are written by streaming writers, so their size (needed by `stat`) and any
+//! byte range are produced without building per-request copies of whole files.
 
+use std::io::Write;
 use std::path::Path;
 
 use serde::Serialize;
-use serde::ser::{SerializeStruct, Serializer};
 
-use crate::dataset::Dataset;
+use crate::dataset::{Dataset, Span};
+use crate::dtype::RecordType;
 use crate::error::{Error, Result};
 use crate::feistel;
 use crate::format::{self, ContentHasher};
 use crate::npy;
 use crate::plan::{Plan, StepKey};
 use crate::window::Windows;
+
+/// What an observation is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Observation `i` is the window of `window` records at record `i * stride`.
+    Stream,
+    /// Observation `i` is document `i`, truncated or padded to `window` records.
+    Documents,
+}
+
+impl Mode {
+    /// The name used on the command line and in `info.json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Stream => "stream",
+            Mode::Documents => "documents",
+        }
+    }
+}
 
 /// What the user chose at mount time (or for `shufflefs plan`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,20 +58,51 @@ pub struct ViewConfig {
     pub seed: u64,
     /// Epochs exposed (`--epochs`).
     pub epochs: u64,
+    /// Stream or documents (`--mode`).
+    pub mode: Mode,
+    /// Value of the first field of padding records in documents mode (`--pad-id`).
+    pub pad_id: Option<i128>,
+}
+
+impl ViewConfig {
+    /// A stream-mode configuration.
+    pub fn stream(
+        window: u64,
+        stride: u64,
+        batch_size: u64,
+        ranks: u64,
+        seed: u64,
+        epochs: u64,
+    ) -> ViewConfig {
+        ViewConfig {
+            window,
+            stride: Some(stride),
+            batch_size,
+            ranks,
+            seed,
+            epochs,
+            mode: Mode::Stream,
+            pad_id: None,
+        }
+    }
 }
 
 /// `info.json`: the mount's parameters and identity.
 #[derive(Clone, Debug, Serialize)]
 pub struct Info {
-    /// Always "stream" for now.
+    /// "stream" or "documents".
     pub mode: &'static str,
     /// Records (tokens) in the dataset.
     pub n_tokens: u64,
     /// Observations shuffled per epoch.
     pub n_observations: u64,
-    /// Records per observation.
+    /// Documents in the dataset (null without document structure).
+    pub n_documents: Option<u64>,
+    /// Whether documents or spans carry metadata (then `S.json` has `rows`).
+    pub metadata: bool,
+    /// Records per observation (row length).
     pub window: u64,
-    /// Records between observation starts.
+    /// Records between observation starts (stream mode).
     pub stride: u64,
     /// Rows per step file.
     pub batch_size: u64,
@@ -63,10 +118,15 @@ pub struct Info {
     pub global_batch: u64,
     /// Observations dropped at the end of each epoch.
     pub dropped_per_epoch: u64,
-    /// numpy descr of the records (`<u4`).
+    /// numpy descr of the records: `<u4`, or a structured list literal.
     pub dtype: String,
+    /// The fields of a structured record as `[name, descr]` pairs (for
+    /// `np.dtype([tuple(f) for f in fields])`); null for a plain token stream.
+    pub fields: Option<Vec<[String; 2]>>,
     /// Bytes per record.
     pub itemsize: u64,
+    /// First-field value of padding records (documents mode).
+    pub pad_id: Option<i128>,
     /// Shape of every step `.npy`.
     pub step_shape: [u64; 2],
     /// Size in bytes of every step `.npy`.
@@ -90,7 +150,7 @@ pub struct Info {
     pub shufflefs_version: &'static str,
 }
 
-/// `S.json`: which observations a step holds.
+/// The observation ids of a step and their first records (tests and tools).
 #[derive(Clone, Debug, Serialize)]
 pub struct StepInfo {
     /// Epoch.
@@ -99,14 +159,8 @@ pub struct StepInfo {
     pub rank: u64,
     /// Step within the epoch.
     pub step: u64,
-    /// `epoch * steps_per_epoch + step`: the step counter a trainer checkpoints.
-    pub global_step: u64,
     /// Observation ids, in row order.
     pub observations: Vec<u64>,
-    /// First token (record index in the stream) of each row.
-    pub token_starts: Vec<u64>,
-    /// The mount's fingerprint.
-    pub fingerprint: String,
 }
 
 /// A dataset seen through a plan: the bytes of every file.
@@ -114,20 +168,55 @@ pub struct StepInfo {
 pub struct View {
     dataset: Dataset,
     plan: Plan,
+    mode: Mode,
+    window: u64,
+    /// Stream mode geometry (also used for `token_starts`).
     windows: Windows,
+    itemsize: u64,
     npy_header: Vec<u8>,
+    pad_record: Vec<u8>,
     info: Info,
     info_json: Vec<u8>,
+}
+
+/// One row's observation in documents mode.
+#[derive(Clone, Debug)]
+struct DocRow {
+    start: u64,
+    len: u64,
+    meta: String,
 }
 
 impl View {
     /// Builds the view, refusing configurations that would serve nothing or overflow.
     pub fn new(dataset: Dataset, config: &ViewConfig) -> Result<View> {
-        let record = dataset.record_type().clone();
+        let record: RecordType = dataset.record_type().clone();
         let itemsize = record.itemsize() as u64;
         let stride = config.stride.unwrap_or(config.window);
         let windows = Windows::new(dataset.n_records(), config.window, stride, itemsize)?;
-        let n_obs = windows.n_observations();
+        let n_obs = match config.mode {
+            Mode::Stream => windows.n_observations(),
+            Mode::Documents => dataset.n_documents().ok_or_else(|| {
+                Error::invalid(
+                    "--mode documents needs a dataset with documents: pack JSON Lines inputs \
+                     or use --doc-sep",
+                )
+            })?,
+        };
+        if config.mode == Mode::Documents && config.stride.is_some_and(|s| s != config.window) {
+            return Err(Error::invalid(
+                "--stride has no meaning in --mode documents",
+            ));
+        }
+        if config.mode == Mode::Stream && config.pad_id.is_some() {
+            return Err(Error::invalid("--pad-id only applies to --mode documents"));
+        }
+        if let Some(pad) = config.pad_id {
+            let t = record.token_type();
+            if t.int_range().is_none_or(|(lo, hi)| pad < lo || pad > hi) {
+                return Err(Error::invalid(format!("--pad-id {pad} is not a {t} value")));
+            }
+        }
         let plan = Plan::new(
             n_obs,
             config.batch_size,
@@ -136,12 +225,18 @@ impl View {
             config.epochs,
         )?;
         if plan.steps_per_epoch() == 0 {
+            let what = match config.mode {
+                Mode::Stream => format!(
+                    "the dataset has {} tokens, which make {n_obs} windows of {} (stride \
+                     {stride})",
+                    dataset.n_records(),
+                    config.window
+                ),
+                Mode::Documents => format!("the dataset has {n_obs} documents"),
+            };
             return Err(Error::invalid(format!(
-                "the dataset has {} tokens, which make {n_obs} windows of {} (stride {stride}), \
-                 fewer than one global batch of {} (batch size {} x {} ranks): nothing to \
-                 serve; lower --window, --batch-size or --ranks",
-                dataset.n_records(),
-                config.window,
+                "{what}, fewer than one global batch of {} (batch size {} x {} ranks): \
+                 nothing to serve; lower --window, --batch-size or --ranks",
                 plan.global_batch(),
                 config.batch_size,
                 config.ranks
@@ -152,8 +247,13 @@ impl View {
         plan.epochs()
             .checked_mul(plan.ranks())
             .and_then(|er| er.checked_mul(plan.steps_per_epoch()))
+            .and_then(|files| files.checked_add(plan.epochs().checked_mul(n_obs)?))
             .and_then(|files| files.checked_mul(2))
-            .and_then(|files| files.checked_add(4 * plan.epochs() * (plan.ranks() + 1)))
+            .and_then(|files| files.checked_add(n_obs.checked_mul(2)?))
+            .and_then(|files| {
+                let dirs = plan.epochs().checked_mul(plan.ranks().checked_add(1)?)?;
+                files.checked_add(dirs.checked_mul(8)?.checked_add(16)?)
+            })
             .ok_or_else(|| {
                 Error::invalid(format!(
                     "{} epochs x {} ranks x {} steps is too many files to number; lower \
@@ -173,10 +273,20 @@ impl View {
             })?;
         let step_file_bytes = npy_header.len() as u64 + data_bytes;
         let manifest = dataset.manifest();
+        let fields = record.is_structured().then(|| {
+            record
+                .fields()
+                .iter()
+                .map(|f| [f.name.clone(), f.scalar.descr().to_string()])
+                .collect()
+        });
+        let pad_id = (config.mode == Mode::Documents).then(|| config.pad_id.unwrap_or(0));
         let mut info = Info {
-            mode: "stream",
+            mode: config.mode.name(),
             n_tokens: dataset.n_records(),
             n_observations: n_obs,
+            n_documents: dataset.n_documents(),
+            metadata: manifest.metadata,
             window: config.window,
             stride,
             batch_size: config.batch_size,
@@ -187,7 +297,9 @@ impl View {
             global_batch: plan.global_batch(),
             dropped_per_epoch: plan.dropped_per_epoch(),
             dtype: manifest.dtype.clone(),
+            fields,
             itemsize,
+            pad_id,
             step_shape: [config.batch_size, config.window],
             step_file_bytes,
             npy_header_bytes: npy_header.len() as u64,
@@ -203,9 +315,13 @@ impl View {
         let mut info_json = serde_json::to_vec_pretty(&info).expect("info serializes");
         info_json.push(b'\n');
         Ok(View {
+            pad_record: record.pad_record(pad_id.unwrap_or(0)),
             dataset,
             plan,
+            mode: config.mode,
+            window: config.window,
             windows,
+            itemsize,
             npy_header,
             info,
             info_json,
@@ -225,6 +341,11 @@ impl View {
     /// The dataset.
     pub fn dataset(&self) -> &Dataset {
         &self.dataset
+    }
+
+    /// Stream or documents.
+    pub fn mode(&self) -> Mode {
+        self.mode
     }
 
     /// The parsed `info.json`.
@@ -247,96 +368,33 @@ impl View {
         self.info.step_file_bytes
     }
 
-    /// The `S.json` record of `key`.
+    /// The observation ids of `key`, in row order.
     pub fn step_info(&self, key: StepKey) -> StepInfo {
-        let observations: Vec<u64> = self.plan.observations(key).collect();
-        let token_starts = observations
-            .iter()
-            .map(|&o| self.windows.first_record(o))
-            .collect();
         StepInfo {
             epoch: key.epoch,
             rank: key.rank,
             step: key.step,
-            global_step: key.epoch * self.plan.steps_per_epoch() + key.step,
-            observations,
-            token_starts,
-            fingerprint: self.info.fingerprint.clone(),
+            observations: self.plan.observations(key).collect(),
         }
     }
 
-    /// The bytes of `S.json` for `key` (compact JSON and a newline).
-    pub fn step_json(&self, key: StepKey) -> Vec<u8> {
-        let mut out = Vec::new();
-        self.write_step_json(key, &mut out);
-        out
-    }
-
-    /// Size of `S.json` for `key`, computed by serializing into a counter: O(batch_size) time,
-    /// no allocation, whatever the batch size.
-    pub fn step_json_len(&self, key: StepKey) -> u64 {
-        let mut counter = Counter(0);
-        self.write_step_json(key, &mut counter);
-        counter.0
-    }
-
-    /// Appends bytes `[offset, offset + size)` of `S.json` for `key` to `out`, without
-    /// building the whole file.
-    pub fn read_step_json(&self, key: StepKey, offset: u64, size: u32, out: &mut Vec<u8>) {
-        let end = offset.saturating_add(u64::from(size));
-        let mut window = RangeWriter {
-            pos: 0,
-            start: offset,
-            end,
-            out,
-        };
-        self.write_step_json(key, &mut window);
-    }
-
-    fn write_step_json<W: std::io::Write>(&self, key: StepKey, w: &mut W) {
-        // Errors only come from RangeWriter stopping early once its range is complete.
-        let _ = serde_json::to_writer(&mut *w, &LazyStepInfo { view: self, key })
-            .map_err(std::io::Error::from)
-            .and_then(|()| w.write_all(b"\n"));
+    fn doc_row(&self, observation: u64) -> Result<DocRow> {
+        let d = self.dataset.document(observation)?;
+        Ok(DocRow {
+            start: d.start,
+            len: d.len,
+            meta: d.meta,
+        })
     }
 
     /// Fills `buf` with the bytes of `S.npy` for `key` starting at `offset`, and returns how
     /// many bytes that is: `min(buf.len(), len - offset)`, 0 at or past the end. Only the
     /// shard bytes of the rows the range covers are read, one pread per row piece.
     pub fn read_step_npy(&self, key: StepKey, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        let len = self.step_npy_len();
-        if offset >= len {
-            return Ok(0);
-        }
-        let n = (buf.len() as u64).min(len - offset) as usize;
-        let buf = &mut buf[..n];
-        let header_len = self.npy_header.len() as u64;
-        let mut filled = 0usize;
-        if offset < header_len {
-            let take = ((header_len - offset) as usize).min(n);
-            buf[..take].copy_from_slice(&self.npy_header[offset as usize..offset as usize + take]);
-            filled = take;
-        }
-        if filled == n {
-            return Ok(n);
-        }
-        // Data region, in bytes relative to the first row.
-        let row_bytes = self.windows.row_bytes();
-        let mut data_pos = offset + filled as u64 - header_len;
-        let data_end = offset + n as u64 - header_len;
         let rows = self.plan.observations(key);
-        while data_pos < data_end {
-            let row = data_pos / row_bytes;
-            let within = data_pos % row_bytes;
-            let take = (row_bytes - within).min(data_end - data_pos) as usize;
-            let observation = rows.row(row);
-            let stream_offset = self.windows.byte_offset(observation) + within;
-            self.dataset
-                .read_stream(stream_offset, &mut buf[filled..filled + take])?;
-            filled += take;
-            data_pos += take as u64;
-        }
-        Ok(n)
+        self.read_rows_npy(&self.npy_header, self.window, offset, buf, |row| {
+            Ok(rows.row(row))
+        })
     }
 
     /// The whole `S.npy` for `key`.
@@ -346,6 +404,328 @@ impl View {
         debug_assert_eq!(n, out.len());
         Ok(out)
     }
+
+    /// Reads a `.npy` made of `header` and rows of `row_records` records, row `r` being
+    /// observation `observation(r)`.
+    fn read_rows_npy(
+        &self,
+        header: &[u8],
+        row_records: u64,
+        offset: u64,
+        buf: &mut [u8],
+        observation: impl Fn(u64) -> Result<u64>,
+    ) -> Result<usize> {
+        let header_len = header.len() as u64;
+        let row_bytes = row_records * self.itemsize;
+        let len = header_len + self.plan.batch_size() * row_bytes;
+        if offset >= len {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(len - offset) as usize;
+        let buf = &mut buf[..n];
+        let mut filled = 0usize;
+        if offset < header_len {
+            let take = ((header_len - offset) as usize).min(n);
+            buf[..take].copy_from_slice(&header[offset as usize..offset as usize + take]);
+            filled = take;
+        }
+        if filled == n {
+            return Ok(n);
+        }
+        // Data region, in bytes relative to the first row.
+        let mut data_pos = offset + filled as u64 - header_len;
+        let data_end = offset + n as u64 - header_len;
+        let mut current: Option<(u64, DocRow)> = None;
+        while data_pos < data_end {
+            let row = data_pos / row_bytes;
+            let within = data_pos % row_bytes;
+            let take = (row_bytes - within).min(data_end - data_pos) as usize;
+            let out = &mut buf[filled..filled + take];
+            let obs = observation(row)?;
+            match self.mode {
+                Mode::Stream => {
+                    self.dataset
+                        .read_stream(self.windows.byte_offset(obs) + within, out)?;
+                }
+                Mode::Documents => {
+                    if current.as_ref().is_none_or(|(r, _)| *r != row) {
+                        current = Some((row, self.doc_row(obs)?));
+                    }
+                    let doc = &current.as_ref().expect("set above").1;
+                    self.fill_doc_row(doc, row_records, within, out)?;
+                }
+            }
+            filled += take;
+            data_pos += take as u64;
+        }
+        Ok(n)
+    }
+
+    /// Bytes `[within, within + out.len())` of a padded document row.
+    fn fill_doc_row(
+        &self,
+        doc: &DocRow,
+        row_records: u64,
+        within: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let data_bytes = doc.len.min(row_records) * self.itemsize;
+        let end = within + out.len() as u64;
+        let copy_end = end.min(data_bytes);
+        let mut k = 0usize;
+        if within < copy_end {
+            k = (copy_end - within) as usize;
+            self.dataset
+                .read_stream(doc.start * self.itemsize + within, &mut out[..k])?;
+        }
+        for (i, b) in out[k..].iter_mut().enumerate() {
+            let pos = within + (k + i) as u64;
+            *b = self.pad_record[(pos % self.itemsize) as usize];
+        }
+        Ok(())
+    }
+
+    /// Writes `S.json` for `key` to `w`.
+    pub fn write_step_json(&self, key: StepKey, w: &mut impl Write) -> Result<()> {
+        let io = |e: std::io::Error| Error::io("<json>", e);
+        write!(
+            w,
+            "{{\"epoch\":{},\"rank\":{},\"step\":{},\"global_step\":{},\"observations\":",
+            key.epoch,
+            key.rank,
+            key.step,
+            key.epoch * self.plan.steps_per_epoch() + key.step
+        )
+        .map_err(io)?;
+        write_list(w, self.plan.observations(key)).map_err(io)?;
+        match self.mode {
+            Mode::Stream => {
+                w.write_all(b",\"token_starts\":").map_err(io)?;
+                write_list(
+                    w,
+                    self.plan
+                        .observations(key)
+                        .map(|o| self.windows.first_record(o)),
+                )
+                .map_err(io)?;
+                if self.dataset.has_documents() {
+                    w.write_all(b",\"rows\":[").map_err(io)?;
+                    for (j, o) in self.plan.observations(key).enumerate() {
+                        if j > 0 {
+                            w.write_all(b",").map_err(io)?;
+                        }
+                        let spans = self
+                            .dataset
+                            .spans(self.windows.first_record(o), self.window)?;
+                        write_spans(w, &spans, None).map_err(io)?;
+                    }
+                    w.write_all(b"]").map_err(io)?;
+                }
+            }
+            Mode::Documents => {
+                let docs: Vec<DocRow> = self
+                    .plan
+                    .observations(key)
+                    .map(|o| self.doc_row(o))
+                    .collect::<Result<_>>()?;
+                w.write_all(b",\"token_starts\":").map_err(io)?;
+                write_list(w, docs.iter().map(|d| d.start)).map_err(io)?;
+                w.write_all(b",\"lengths\":").map_err(io)?;
+                write_list(w, docs.iter().map(|d| d.len.min(self.window))).map_err(io)?;
+                w.write_all(b",\"truncated\":[").map_err(io)?;
+                for (j, d) in docs.iter().enumerate() {
+                    let sep = if j > 0 { "," } else { "" };
+                    write!(w, "{sep}{}", d.len > self.window).map_err(io)?;
+                }
+                w.write_all(b"],\"meta\":[").map_err(io)?;
+                for (j, d) in docs.iter().enumerate() {
+                    let sep = if j > 0 { "," } else { "" };
+                    write!(w, "{sep}{}", d.meta).map_err(io)?;
+                }
+                w.write_all(b"],\"rows\":[").map_err(io)?;
+                for (j, d) in docs.iter().enumerate() {
+                    if j > 0 {
+                        w.write_all(b",").map_err(io)?;
+                    }
+                    let used = d.len.min(self.window);
+                    let spans = self.dataset.spans(d.start, used)?;
+                    let pad = (used < self.window).then_some((used, self.window));
+                    write_spans(w, &spans, pad).map_err(io)?;
+                }
+                w.write_all(b"]").map_err(io)?;
+            }
+        }
+        writeln!(w, ",\"fingerprint\":\"{}\"}}", self.info.fingerprint).map_err(io)
+    }
+
+    /// The bytes of `S.json` for `key`.
+    pub fn step_json(&self, key: StepKey) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.write_step_json(key, &mut out)?;
+        Ok(out)
+    }
+
+    /// Size of `observation/I.npy`.
+    pub fn observation_npy_len(&self, observation: u64) -> Result<u64> {
+        let (header, records) = self.observation_shape(observation)?;
+        Ok(header.len() as u64 + records * self.itemsize)
+    }
+
+    fn observation_shape(&self, observation: u64) -> Result<(Vec<u8>, u64)> {
+        let records = match self.mode {
+            Mode::Stream => self.window,
+            Mode::Documents => self.dataset.document(observation)?.len,
+        };
+        let header = npy::header(&self.dataset.record_type().npy_descr(), &[records])?;
+        Ok((header, records))
+    }
+
+    /// Reads `observation/I.npy`: the observation unshuffled (a window, or a whole document),
+    /// shape `(records,)`.
+    pub fn read_observation_npy(
+        &self,
+        observation: u64,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let (header, records) = self.observation_shape(observation)?;
+        let header_len = header.len() as u64;
+        let len = header_len + records * self.itemsize;
+        if offset >= len {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(len - offset) as usize;
+        let buf = &mut buf[..n];
+        let mut filled = 0;
+        if offset < header_len {
+            filled = ((header_len - offset) as usize).min(n);
+            buf[..filled].copy_from_slice(&header[offset as usize..offset as usize + filled]);
+        }
+        if filled < n {
+            let within = offset + filled as u64 - header_len;
+            let start = match self.mode {
+                Mode::Stream => self.windows.first_record(observation),
+                Mode::Documents => self.dataset.document(observation)?.start,
+            };
+            self.dataset
+                .read_stream(start * self.itemsize + within, &mut buf[filled..])?;
+        }
+        Ok(n)
+    }
+
+    /// Writes `observation/I.json`: where observation `I` is in the stream and its metadata.
+    pub fn write_observation_json(&self, observation: u64, w: &mut impl Write) -> Result<()> {
+        let io = |e: std::io::Error| Error::io("<json>", e);
+        let (start, len, meta) = match self.mode {
+            Mode::Stream => (self.windows.first_record(observation), self.window, None),
+            Mode::Documents => {
+                let d = self.dataset.document(observation)?;
+                (d.start, d.len, Some(d.meta))
+            }
+        };
+        write!(
+            w,
+            "{{\"observation\":{observation},\"mode\":\"{}\",\"token_start\":{start},\"token_end\":{}",
+            self.mode.name(),
+            start + len
+        )
+        .map_err(io)?;
+        if let Some(meta) = meta {
+            write!(w, ",\"doc\":{observation},\"meta\":{meta}").map_err(io)?;
+        }
+        if self.dataset.has_documents() {
+            w.write_all(b",\"spans\":").map_err(io)?;
+            let spans = self.dataset.spans(start, len)?;
+            write_spans(w, &spans, None).map_err(io)?;
+        }
+        w.write_all(b"}\n").map_err(io)
+    }
+
+    /// Writes `lookup/epoch/E/observation/I.json`: where observation `I` is trained in epoch
+    /// `E`, found by running the permutation backwards.
+    pub fn write_lookup_json(
+        &self,
+        epoch: u64,
+        observation: u64,
+        w: &mut impl Write,
+    ) -> Result<()> {
+        let io = |e: std::io::Error| Error::io("<json>", e);
+        match self.plan.locate(epoch, observation) {
+            Some(p) => writeln!(
+                w,
+                "{{\"epoch\":{epoch},\"observation\":{observation},\"position\":{},\"step\":{},\
+                 \"rank\":{},\"row\":{}}}",
+                p.position, p.step, p.rank, p.row
+            ),
+            None => writeln!(
+                w,
+                "{{\"epoch\":{epoch},\"observation\":{observation},\"position\":{},\
+                 \"dropped\":true}}",
+                self.plan.permutation(epoch).invert(observation)
+            ),
+        }
+        .map_err(io)
+    }
+}
+
+/// Size of what `write` produces, computed by writing into a counter (no allocation).
+pub fn json_len(write: impl FnOnce(&mut Counter) -> Result<()>) -> Result<u64> {
+    let mut c = Counter(0);
+    write(&mut c)?;
+    Ok(c.0)
+}
+
+/// Appends bytes `[offset, offset + size)` of what `write` produces to `out`, stopping the
+/// writer as soon as the range is complete.
+pub fn json_range(
+    offset: u64,
+    size: u32,
+    out: &mut Vec<u8>,
+    write: impl FnOnce(&mut RangeWriter<'_>) -> Result<()>,
+) -> Result<()> {
+    let mut w = RangeWriter {
+        pos: 0,
+        start: offset,
+        end: offset.saturating_add(u64::from(size)),
+        out,
+        done: false,
+    };
+    match write(&mut w) {
+        Err(_) if w.done => Ok(()),
+        other => other,
+    }
+}
+
+fn write_list(w: &mut impl Write, items: impl Iterator<Item = u64>) -> std::io::Result<()> {
+    w.write_all(b"[")?;
+    for (i, v) in items.enumerate() {
+        if i > 0 {
+            w.write_all(b",")?;
+        }
+        write!(w, "{v}")?;
+    }
+    w.write_all(b"]")
+}
+
+/// Writes spans as `[{"start","end","doc","meta"}, ...]`, plus a padding span if given.
+fn write_spans(w: &mut impl Write, spans: &[Span], pad: Option<(u64, u64)>) -> std::io::Result<()> {
+    w.write_all(b"[")?;
+    for (i, s) in spans.iter().enumerate() {
+        let sep = if i > 0 { "," } else { "" };
+        write!(
+            w,
+            "{sep}{{\"start\":{},\"end\":{},\"doc\":{},\"meta\":{}}}",
+            s.start, s.end, s.doc, s.meta
+        )?;
+    }
+    if let Some((start, end)) = pad {
+        let sep = if spans.is_empty() { "" } else { "," };
+        write!(
+            w,
+            "{sep}{{\"start\":{start},\"end\":{end},\"doc\":null,\"meta\":null,\"pad\":true}}"
+        )?;
+    }
+    w.write_all(b"]")
 }
 
 /// The fingerprint covers every input that determines the served bytes and their order:
@@ -371,62 +751,28 @@ fn fingerprint(info: &Info, manifest: &format::Manifest) -> String {
         info.epochs,
         manifest.content_hash,
     );
+    if let Some(pad) = info.pad_id {
+        canonical.push_str(&format!("pad_id={pad}\n"));
+    }
+    if let Some(n) = info.n_documents {
+        canonical.push_str(&format!("documents={n}\nmetadata={}\n", info.metadata));
+    }
     for s in &manifest.shards {
         canonical.push_str(&format!("shard={},{}\n", s.bytes, s.hash));
+        if let Some(d) = &s.docs {
+            canonical.push_str(&format!("shard_docs={},{}\n", d.documents, d.hash));
+        }
     }
     let mut h = ContentHasher::new();
     h.update(canonical.as_bytes());
     format::format_hash(h.finish())
 }
 
-/// Serializes exactly like [`StepInfo`] but streams the observation lists from the
-/// permutation instead of collecting them.
-struct LazyStepInfo<'a> {
-    view: &'a View,
-    key: StepKey,
-}
-
-struct Seq<I>(std::cell::Cell<Option<I>>);
-
-impl<I: Iterator<Item = u64>> Serialize for Seq<I> {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.take().expect("serialized once"))
-    }
-}
-
-impl Serialize for LazyStepInfo<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        let (view, key) = (self.view, self.key);
-        let windows = view.windows;
-        let mut st = s.serialize_struct("StepInfo", 7)?;
-        st.serialize_field("epoch", &key.epoch)?;
-        st.serialize_field("rank", &key.rank)?;
-        st.serialize_field("step", &key.step)?;
-        st.serialize_field(
-            "global_step",
-            &(key.epoch * view.plan.steps_per_epoch() + key.step),
-        )?;
-        st.serialize_field(
-            "observations",
-            &Seq(std::cell::Cell::new(Some(view.plan.observations(key)))),
-        )?;
-        st.serialize_field(
-            "token_starts",
-            &Seq(std::cell::Cell::new(Some(
-                view.plan
-                    .observations(key)
-                    .map(move |o| windows.first_record(o)),
-            ))),
-        )?;
-        st.serialize_field("fingerprint", &view.info.fingerprint)?;
-        st.end()
-    }
-}
-
 /// Counts bytes written.
-struct Counter(u64);
+#[derive(Debug)]
+pub struct Counter(u64);
 
-impl std::io::Write for Counter {
+impl Write for Counter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.0 += buf.len() as u64;
         Ok(buf.len())
@@ -437,16 +783,19 @@ impl std::io::Write for Counter {
 }
 
 /// Keeps the bytes of `[start, end)` of what is written, and stops the writer once past it.
-struct RangeWriter<'a> {
+#[derive(Debug)]
+pub struct RangeWriter<'a> {
     pos: u64,
     start: u64,
     end: u64,
     out: &'a mut Vec<u8>,
+    done: bool,
 }
 
-impl std::io::Write for RangeWriter<'_> {
+impl Write for RangeWriter<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         if self.pos >= self.end {
+            self.done = true;
             return Err(std::io::Error::other("range complete"));
         }
         let from = self.start.max(self.pos);

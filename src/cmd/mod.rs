@@ -8,9 +8,9 @@ pub mod plan;
 pub mod synth;
 pub mod unmount;
 
-use crate::cli::{Command, PlanOptions};
+use crate::cli::{Command, ModeArg, PlanOptions};
 use crate::error::Result;
-use crate::view::ViewConfig;
+use crate::view::{Mode, ViewConfig};
 
 /// Runs one parsed command.
 pub fn run(command: Command) -> Result<()> {
@@ -34,6 +34,11 @@ impl From<&PlanOptions> for ViewConfig {
             ranks: p.ranks,
             seed: p.seed,
             epochs: p.epochs,
+            mode: match p.mode {
+                ModeArg::Stream => Mode::Stream,
+                ModeArg::Documents => Mode::Documents,
+            },
+            pad_id: p.pad_id,
         }
     }
 }

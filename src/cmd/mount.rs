@@ -113,8 +113,13 @@ pub fn run(mut args: MountArgs) -> Result<()> {
                 log_file: args.log_file.clone(),
             };
             if let Err(e) = serve(fs, &mountpoint, &options, Some(background)) {
-                error!("{e}");
-                eprintln!("error: {e}");
+                // Before readiness this reaches the terminal (the parent relays the exit
+                // code); after it, the log file or syslog.
+                if logging::is_stderr() {
+                    eprintln!("error: {e}");
+                } else {
+                    error!("{e}");
+                }
                 std::process::exit(1);
             }
             Ok(())

@@ -1,20 +1,41 @@
-//! `shufflefs pack DATASET_DIR INPUT... --dtype T [--shard-size S]`
+//! `shufflefs pack DATASET_DIR INPUT... [--dtype T] [--shard-size S] [--doc-sep TOKEN]`
 
 use crate::cli::PackArgs;
 use crate::dtype::ScalarType;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::pack::{PackOptions, pack, parse_size};
 
 /// Runs `pack`.
 pub fn run(args: PackArgs) -> Result<()> {
+    let doc_sep = args
+        .doc_sep
+        .as_deref()
+        .map(|t| {
+            t.parse::<i128>()
+                .map_err(|_| Error::invalid(format!("--doc-sep {t:?} is not an integer token")))
+        })
+        .transpose()?;
     let options = PackOptions {
-        dtype: ScalarType::from_name(&args.dtype)?,
+        dtype: args
+            .dtype
+            .as_deref()
+            .map(ScalarType::from_name)
+            .transpose()?,
         shard_size: parse_size(&args.shard_size)?,
         force: args.force,
+        doc_sep,
+        progress: !args.no_progress,
     };
     let m = pack(&args.dataset_dir, &args.inputs, &options)?;
+    let docs = match m.documents {
+        Some(n) => format!(
+            ", {n} documents{}",
+            if m.metadata { " with metadata" } else { "" }
+        ),
+        None => String::new(),
+    };
     println!(
-        "packed {} tokens ({} bytes, dtype {}) into {} shard(s) in {}",
+        "packed {} records ({} bytes, dtype {}{docs}) into {} shard(s) in {}",
         m.records,
         m.records * m.itemsize,
         m.dtype,

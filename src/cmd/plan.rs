@@ -29,6 +29,6 @@ pub fn run(args: PlanArgs) -> Result<()> {
             plan.steps_per_epoch()
         )));
     }
-    let _ = std::io::stdout().write_all(&view.step_json(key));
+    let _ = std::io::stdout().write_all(&view.step_json(key)?);
     Ok(())
 }

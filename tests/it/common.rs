@@ -27,9 +27,9 @@ impl Positional {
         let input = dir.path().join("tokens.bin");
         write_positional(&input, dtype, tokens).unwrap();
         let options = PackOptions {
-            dtype,
+            dtype: Some(dtype),
             shard_size,
-            force: false,
+            ..PackOptions::default()
         };
         pack(&dir.path().join("ds"), &[input], &options).unwrap();
         Positional { dir }
@@ -56,14 +56,7 @@ pub fn config(
     seed: u64,
     epochs: u64,
 ) -> ViewConfig {
-    ViewConfig {
-        window,
-        stride: Some(stride),
-        batch_size: batch,
-        ranks,
-        seed,
-        epochs,
-    }
+    ViewConfig::stream(window, stride, batch, ranks, seed, epochs)
 }
 
 /// The data part of a step file, computed independently of the read path: the row of

@@ -7,3 +7,4 @@ mod cli;
 mod common;
 mod model;
 mod mounted;
+mod records;

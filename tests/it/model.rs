@@ -227,7 +227,10 @@ fn listings_are_exact_and_page_with_offsets() {
             .map(|e| e.name)
             .collect()
     };
-    assert_eq!(names("", 3), [".", "..", "info.json", "epoch"]);
+    assert_eq!(
+        names("", 3),
+        [".", "..", "info.json", "epoch", "observation", "lookup"]
+    );
     assert_eq!(names("epoch", 1), [".", "..", "0", "1"]);
     assert_eq!(names("epoch/1", 3), [".", "..", "rank"]);
     assert_eq!(names("epoch/1/rank", 2), [".", "..", "0", "1", "2"]);
@@ -362,7 +365,7 @@ fn too_small_dataset_is_refused_with_a_reason() {
 }
 
 #[test]
-fn step_json_streams_exactly_what_step_info_serializes() {
+fn step_json_ranges_match_the_whole_file() {
     let data = Positional::new(200_000, 1 << 20);
     // A large batch: S.json is produced in ranges without building it per request.
     let fs = data.fs(&config(2, 2, 40_000, 2, 9, 1));
@@ -372,10 +375,15 @@ fn step_json_streams_exactly_what_step_info_serializes() {
         rank: 1,
         step: 0,
     };
-    let mut want = serde_json::to_vec(&view.step_info(key)).unwrap();
-    want.push(b'\n');
-    assert_eq!(view.step_json(key), want);
-    assert_eq!(view.step_json_len(key), want.len() as u64);
+    let want = view.step_json(key).unwrap();
+    let parsed: serde_json::Value = serde_json::from_slice(&want).unwrap();
+    let obs = view.step_info(key).observations;
+    assert_eq!(parsed["observations"], serde_json::json!(obs));
+    let starts: Vec<u64> = obs.iter().map(|o| o * 2).collect();
+    assert_eq!(parsed["token_starts"], serde_json::json!(starts));
+    assert_eq!(parsed["global_step"], 0);
+    assert_eq!(parsed["fingerprint"], view.fingerprint());
+    assert_eq!(*want.last().unwrap(), b'\n');
     let ino = walk(&fs, "epoch/0/rank/1/step/0.json").unwrap();
     assert_eq!(fs.getattr(ino).unwrap().size, want.len() as u64);
     let mut out = Vec::new();
@@ -404,7 +412,7 @@ fn regression_fingerprint_is_pinned() {
         .fingerprint()
         .to_string();
     assert_eq!(fa, b.view(&config(65, 64, 8, 4, 7, 3)).fingerprint());
-    assert_eq!(fa, "7e4398fe97bbfb3f");
+    assert_eq!(fa, "bf3e4482f24cbb81");
 }
 
 #[test]

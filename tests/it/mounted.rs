@@ -135,7 +135,7 @@ fn listings_names_and_read_only() {
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect()
     };
-    assert_eq!(names(root), ["info.json", "epoch"]);
+    assert_eq!(names(root), ["info.json", "epoch", "observation", "lookup"]);
     assert_eq!(names(&root.join("epoch")), ["0", "1"]);
     assert_eq!(names(&root.join("epoch/1/rank")), ["0"]);
     let steps = names(&root.join("epoch/1/rank/0/step"));
