@@ -214,4 +214,16 @@ pub struct BenchArgs {
     /// Step files to read, in (epoch, step, rank) order, split round-robin over readers.
     #[arg(long, default_value_t = 10_000)]
     pub files: u64,
+    /// Which file of each step to read.
+    #[arg(long, value_enum, default_value_t = BenchFile::Npy)]
+    pub file: BenchFile,
+}
+
+/// Which step file `shufflefs bench` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchFile {
+    /// S.npy
+    Npy,
+    /// S.json (with metadata rows when the dataset has documents)
+    Json,
 }

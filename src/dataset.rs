@@ -318,6 +318,23 @@ impl Dataset {
         }
     }
 
+    /// Replaces the byte source of every file (shards and document files) with `wrap(path,
+    /// source)`: the seam for counting reads and injecting faults in tests.
+    pub fn wrap_sources(
+        mut self,
+        wrap: impl Fn(&Path, Arc<dyn ReadAt>) -> Arc<dyn ReadAt>,
+    ) -> Dataset {
+        for shard in &mut self.shards {
+            shard.source = wrap(&shard.path, shard.source.clone());
+            if let Some(d) = shard.docs.as_mut() {
+                for f in [&mut d.ids, &mut d.index, &mut d.meta, &mut d.docs] {
+                    f.source = wrap(&f.path, f.source.clone());
+                }
+            }
+        }
+        self
+    }
+
     /// The dataset directory.
     pub fn dir(&self) -> &Path {
         &self.dir

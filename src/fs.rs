@@ -25,6 +25,11 @@ use std::os::unix::ffi::OsStrExt;
 
 use crate::error::{Error, Result};
 use crate::plan::StepKey;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+
+use lru::LruCache;
+
 use crate::view::{View, json_len, json_range};
 
 /// The root directory's inode number (fixed by FUSE).
@@ -329,7 +334,17 @@ pub fn parse_index(name: &[u8], bound: u64) -> Option<u64> {
 pub struct ShuffleFs {
     view: View,
     inodes: Inodes,
+    /// Recently rendered JSON files. A JSON file is rendered for `stat` (its size) and again
+    /// for each READ (a reader's last READ, at EOF, included); with metadata rows that costs
+    /// real reads, so the last few are kept. Bounded by [`JSON_CACHE_ENTRIES`] files of at most
+    /// [`JSON_CACHE_MAX_FILE`] bytes each.
+    json_cache: Mutex<LruCache<Node, Arc<[u8]>>>,
 }
+
+/// Files the JSON cache keeps: a few per active reader.
+const JSON_CACHE_ENTRIES: usize = 64;
+/// Larger JSON files are rendered per request instead (range by range, never whole).
+const JSON_CACHE_MAX_FILE: u64 = 1 << 20;
 
 impl ShuffleFs {
     /// Wraps a view.
@@ -341,7 +356,13 @@ impl ShuffleFs {
             plan.steps_per_epoch(),
             plan.n_observations(),
         )?;
-        Ok(ShuffleFs { view, inodes })
+        Ok(ShuffleFs {
+            view,
+            inodes,
+            json_cache: Mutex::new(LruCache::new(
+                NonZeroUsize::new(JSON_CACHE_ENTRIES).expect("non-zero"),
+            )),
+        })
     }
 
     /// The view behind the tree.
@@ -436,12 +457,46 @@ impl ShuffleFs {
         Ok(match node {
             Node::Info => v.info_json().len() as u64,
             Node::StepNpy(_) => v.step_npy_len(),
-            Node::StepJson(key) => json_len(|w| v.write_step_json(key, w))?,
+            Node::StepJson(_) | Node::ObservationJson(_) | Node::LookupJson(..) => {
+                match self.cached_json(node)? {
+                    Ok(bytes) => bytes.len() as u64,
+                    Err(len) => len,
+                }
+            }
             Node::ObservationNpy(i) => v.observation_npy_len(i)?,
-            Node::ObservationJson(i) => json_len(|w| v.write_observation_json(i, w))?,
-            Node::LookupJson(e, i) => json_len(|w| v.write_lookup_json(e, i, w))?,
             _ => 0,
         })
+    }
+
+    fn write_json(&self, node: Node, w: &mut impl std::io::Write) -> Result<()> {
+        let v = &self.view;
+        match node {
+            Node::StepJson(key) => v.write_step_json(key, w),
+            Node::ObservationJson(i) => v.write_observation_json(i, w),
+            Node::LookupJson(e, i) => v.write_lookup_json(e, i, w),
+            _ => unreachable!("not a JSON file: {node:?}"),
+        }
+    }
+
+    /// The bytes of a JSON file from the cache, rendering and caching them when small;
+    /// `Err(len)` for files too large to cache (rendered range by range instead).
+    fn cached_json(&self, node: Node) -> Result<std::result::Result<Arc<[u8]>, u64>> {
+        let lock = || self.json_cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(bytes) = lock().get(&node) {
+            return Ok(Ok(bytes.clone()));
+        }
+        // Render once into a buffer that refuses to grow past the cap; only a file over the cap
+        // is measured by a second, counting pass.
+        let mut capped = Capped(Vec::new());
+        if let Err(e) = self.write_json(node, &mut capped) {
+            if capped.0.len() as u64 <= JSON_CACHE_MAX_FILE {
+                return Err(e);
+            }
+            return Ok(Err(json_len(|w| self.write_json(node, w))?));
+        }
+        let bytes: Arc<[u8]> = capped.0.into();
+        lock().put(node, bytes.clone());
+        Ok(Ok(bytes))
     }
 
     /// Whether inode `ino` exists (no work beyond decoding the number).
@@ -623,16 +678,33 @@ impl ShuffleFs {
                 let n = v.read_observation_npy(i, offset, out)?;
                 out.truncate(n);
             }
-            Node::StepJson(key) => json_range(offset, size, out, |w| v.write_step_json(key, w))?,
-            Node::ObservationJson(i) => {
-                json_range(offset, size, out, |w| v.write_observation_json(i, w))?
-            }
-            Node::LookupJson(e, i) => {
-                json_range(offset, size, out, |w| v.write_lookup_json(e, i, w))?
+            Node::StepJson(_) | Node::ObservationJson(_) | Node::LookupJson(..) => {
+                match self.cached_json(node)? {
+                    Ok(bytes) => copy_range(&bytes, offset, size, out),
+                    Err(_) => json_range(offset, size, out, |w| self.write_json(node, w))?,
+                }
             }
             Node::Info => copy_range(v.info_json(), offset, size, out),
             _ => return Err(Error::IsADirectory),
         }
+        Ok(())
+    }
+}
+
+/// A Vec that fails writes once it would exceed [`JSON_CACHE_MAX_FILE`] (by one byte past it,
+/// so an overflow is recognisable).
+struct Capped(Vec<u8>);
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if (self.0.len() + buf.len()) as u64 > JSON_CACHE_MAX_FILE {
+            self.0.resize(JSON_CACHE_MAX_FILE as usize + 1, 0);
+            return Err(std::io::Error::other("JSON file larger than the cache cap"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
 }

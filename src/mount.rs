@@ -54,6 +54,8 @@ pub fn default_threads() -> usize {
 #[derive(Debug)]
 pub struct Mounted {
     mountpoint: PathBuf,
+    /// Our mount's id in the mount table, recorded once mounted.
+    mount_id: Option<u64>,
     unmounter: Option<SessionUnmounter>,
     thread: Option<JoinHandle<io::Result<()>>>,
 }
@@ -100,8 +102,10 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
         .spawn(move || session.run())
         .map_err(|e| Error::io(&mountpoint, e))?;
     info!("mounted at {}", mountpoint.display());
+    let mount_id = find_mount(&mountpoint).ok().flatten().map(|m| m.id);
     Ok(Mounted {
         mountpoint,
+        mount_id,
         unmounter: Some(unmounter),
         thread: Some(thread),
     })
@@ -126,7 +130,12 @@ impl Mounted {
 
     fn shutdown(&mut self) -> Result<()> {
         let mut result = Ok(());
-        if let Some(mut unmounter) = self.unmounter.take() {
+        let ended = self.thread.as_ref().is_none_or(|t| t.is_finished());
+        // Once the session has ended (someone unmounted us), the mount is gone: never touch
+        // the mount point again, a newer mount may live there now.
+        if let Some(mut unmounter) = self.unmounter.take()
+            && !ended
+        {
             if let Err(e) = unmounter.unmount() {
                 warn!(
                     "unmount of {} failed ({e}); detaching lazily",
@@ -134,8 +143,9 @@ impl Mounted {
                 );
             }
             // fuser reports success for some failed unmounts (the fusermount path): trust the
-            // mount table, and detach whatever of ours is still there.
-            if find_mount(&self.mountpoint).is_ok_and(|m| m.is_some_and(|m| m.is_shufflefs())) {
+            // mount table, and detach our mount (by id) if it is still there.
+            let ours = |m: &MountEntry| self.mount_id.is_some_and(|id| id == m.id);
+            if find_mount(&self.mountpoint).is_ok_and(|m| m.is_some_and(|m| ours(&m))) {
                 result = detach(&self.mountpoint);
             }
         }
@@ -175,6 +185,9 @@ impl Drop for Mounted {
 /// What the mount table says about one mount.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MountEntry {
+    /// The kernel's mount id (first field of mountinfo): unique among live mounts, so a
+    /// daemon can tell its own mount from a newer one at the same path.
+    pub id: u64,
     /// Filesystem type (`fuse` for shufflefs).
     pub fstype: String,
     /// Source (`shufflefs:/path/to/dataset` for shufflefs).
@@ -212,7 +225,19 @@ pub fn absolute_mountpoint(path: &Path) -> Result<PathBuf> {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let parent = parent.canonicalize().map_err(|e| Error::io(&parent, e))?;
+        let parent = parent.canonicalize().map_err(|e| {
+            Error::io(
+                &path,
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "the mount point's parent {} is not usable ({e}); create the mount \
+                         point first (mkdir -p)",
+                        parent.display()
+                    ),
+                ),
+            )
+        })?;
         let candidate = parent.join(&name);
         // lstat works on a dead mount point; only a symlink needs resolving.
         match fs::symlink_metadata(&candidate) {
@@ -243,6 +268,7 @@ pub fn find_mount(mountpoint: &Path) -> Result<Option<MountEntry>> {
         if fields.len() > dash + 2 && fields.len() > 4 && unescape(fields[4]) == target {
             // The last match is the top of a stack of mounts.
             found = Some(MountEntry {
+                id: fields[0].parse().unwrap_or(0),
                 fstype: fields[dash + 1].to_string(),
                 source: String::from_utf8_lossy(&unescape(fields[dash + 2])).into_owned(),
             });
@@ -358,10 +384,18 @@ pub fn prepare_mountpoint(mountpoint: &Path) -> Result<PathBuf> {
         }
         MountState::Live(_) => {}
     }
+    if abs.parent().is_none() {
+        return Err(Error::invalid("refusing to mount over /"));
+    }
     let meta = fs::metadata(&abs).map_err(|e| {
+        let hint = if e.kind() == io::ErrorKind::NotFound {
+            format!("; create it first (mkdir -p {})", abs.display())
+        } else {
+            String::new()
+        };
         Error::io(
             &abs,
-            io::Error::new(e.kind(), format!("mount point is not usable: {e}")),
+            io::Error::new(e.kind(), format!("mount point is not usable: {e}{hint}")),
         )
     })?;
     if !meta.is_dir() {
@@ -369,6 +403,12 @@ pub fn prepare_mountpoint(mountpoint: &Path) -> Result<PathBuf> {
             "mount point {} is not a directory",
             abs.display()
         )));
+    }
+    if fs::read_dir(&abs).is_ok_and(|mut d| d.next().is_some()) {
+        warn!(
+            "{} is not empty: its contents are hidden while shufflefs is mounted there",
+            abs.display()
+        );
     }
     Ok(abs)
 }

@@ -293,6 +293,13 @@ pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Man
     }
     let has_docs =
         options.doc_sep.is_some() || checked.iter().any(|i| matches!(i, Input::Jsonl { .. }));
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::invalid(format!(
+            "{}: DATASET_DIR exists and is not a directory (the dataset directory comes \
+             first: shufflefs pack DATASET_DIR INPUT...)",
+            dir.display()
+        )));
+    }
     fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let manifest_path = dir.join(MANIFEST);
     let old = if manifest_path.exists() {

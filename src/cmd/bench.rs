@@ -11,7 +11,7 @@ use std::io::Read;
 use std::path::Path;
 use std::time::Instant;
 
-use crate::cli::{BenchArgs, BenchSource};
+use crate::cli::{BenchArgs, BenchFile, BenchSource};
 use crate::error::{Error, Result};
 use crate::plan::StepKey;
 use crate::view::{View, ViewConfig};
@@ -42,6 +42,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         (BenchSource::Direct, _) => None,
     };
     let len = view.step_npy_len() as usize;
+    let syscalls_before = read_syscalls();
     let start = Instant::now();
     let bytes: Result<u64> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..readers)
@@ -50,10 +51,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 scope.spawn(move || -> Result<u64> {
                     let mut buf = vec![0u8; len + 1];
                     let mut total = 0u64;
+                    let mut json = Vec::new();
                     for i in (t..args.files).step_by(readers as usize) {
-                        total += match mountpoint {
-                            None => view.read_step_npy(key(i), 0, &mut buf)? as u64,
-                            Some(m) => read_file(m, key(i), &mut buf)?,
+                        total += match (mountpoint, args.file) {
+                            (None, BenchFile::Npy) => {
+                                view.read_step_npy(key(i), 0, &mut buf)? as u64
+                            }
+                            (None, BenchFile::Json) => {
+                                json.clear();
+                                view.write_step_json(key(i), &mut json)?;
+                                json.len() as u64
+                            }
+                            (Some(m), file) => read_file(m, key(i), file, &mut buf)?,
                         };
                     }
                     Ok(total)
@@ -67,8 +76,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     });
     let bytes = bytes?;
     let secs = start.elapsed().as_secs_f64();
+    let syscalls = read_syscalls().zip(syscalls_before).map(|(a, b)| a - b);
     let expected = args.files * len as u64;
-    if bytes != expected {
+    if args.file == BenchFile::Npy && bytes != expected {
         return Err(Error::invalid(format!(
             "read {bytes} bytes, expected {expected}: short step files"
         )));
@@ -78,6 +88,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "{}",
         serde_json::json!({
             "source": match args.source { BenchSource::Direct => "direct", BenchSource::Mount => "mount" },
+            "file": match args.file { BenchFile::Npy => "npy", BenchFile::Json => "json" },
             "readers": readers,
             "files": args.files,
             "bytes": bytes,
@@ -85,14 +96,29 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "files_per_s": args.files as f64 / secs,
             "tokens_per_s": tokens as f64 / secs,
             "mib_per_s": bytes as f64 / secs / (1 << 20) as f64,
+            "read_syscalls_per_file": syscalls.map(|n| n as f64 / args.files as f64),
         })
     );
     Ok(())
 }
 
-fn read_file(mountpoint: &Path, key: StepKey, buf: &mut [u8]) -> Result<u64> {
+/// Read system calls (read, pread, ...) this process has made, from /proc/self/io.
+fn read_syscalls() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("syscr:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[allow(clippy::ptr_arg)] // grows the buffer for JSON files
+fn read_file(mountpoint: &Path, key: StepKey, file: BenchFile, buf: &mut Vec<u8>) -> Result<u64> {
+    let ext = match file {
+        BenchFile::Npy => "npy",
+        BenchFile::Json => "json",
+    };
     let path = mountpoint.join(format!(
-        "epoch/{}/rank/{}/step/{}.npy",
+        "epoch/{}/rank/{}/step/{}.{ext}",
         key.epoch, key.rank, key.step
     ));
     let mut f = File::open(&path).map_err(|e| Error::io(&path, e))?;

@@ -18,6 +18,8 @@ pub fn run(args: InspectArgs) -> Result<()> {
             "bytes": ds.n_bytes(),
             "shards": m.shards,
             "content_hash": m.content_hash,
+            "documents": m.documents,
+            "metadata": m.metadata,
             "created_by": m.created_by,
         });
         println!("{}", serde_json::to_string_pretty(&summary).expect("json"));
@@ -29,6 +31,17 @@ pub fn run(args: InspectArgs) -> Result<()> {
     println!("tokens        {}", m.records);
     println!("bytes         {}", ds.n_bytes());
     println!("shards        {}", m.shards.len());
+    match m.documents {
+        Some(n) => println!(
+            "documents     {n}{}",
+            if m.metadata {
+                " (with metadata)"
+            } else {
+                " (no metadata)"
+            }
+        ),
+        None => println!("documents     none (a plain token stream)"),
+    }
     println!("content hash  {}", m.content_hash);
     println!("created by    {}", m.created_by);
     for s in &m.shards {

@@ -23,6 +23,9 @@ use crate::logging;
 use crate::mount::{MountOptions, default_threads, mount, prepare_mountpoint};
 use crate::view::{View, ViewConfig};
 
+/// More FUSE workers than this only add contention (the kernel serves one queue).
+const MAX_THREADS: usize = 256;
+
 /// Runs `mount`.
 pub fn run(mut args: MountArgs) -> Result<()> {
     raise_open_file_limit();
@@ -58,8 +61,14 @@ pub fn run(mut args: MountArgs) -> Result<()> {
         .dataset_dir
         .canonicalize()
         .unwrap_or_else(|_| args.dataset_dir.clone());
+    let threads = args.threads.unwrap_or_else(default_threads);
+    if !(1..=MAX_THREADS).contains(&threads) {
+        return Err(Error::invalid(format!(
+            "--threads {threads} is out of range: use 1 to {MAX_THREADS} (default: one per core)"
+        )));
+    }
     let options = MountOptions {
-        threads: args.threads.unwrap_or_else(default_threads),
+        threads,
         allow_other: args.allow_other,
         fsname: dataset.display().to_string(),
     };

@@ -653,3 +653,84 @@ fn symlinked_mount_point_is_resolved() {
     assert!(wait_gone(pid));
     assert!(!is_mounted(&real));
 }
+
+#[test]
+fn an_old_daemon_never_touches_a_newer_mount_at_the_same_path() {
+    if !fuse_available() {
+        return;
+    }
+    let data = Positional::new(5000, 4096);
+    let mnt = MountDir::new();
+    let ds = data.path();
+    let args = [
+        "mount",
+        s(&ds),
+        s(mnt.path()),
+        "--window",
+        "10",
+        "--batch-size",
+        "2",
+    ];
+    let first = shufflefs(&args);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let old = daemon_pid(&first);
+    assert!(shufflefs(&["unmount", s(mnt.path())]).status.success());
+    // Mount again at once, while the old daemon may still be shutting down.
+    let second = shufflefs(&args);
+    assert!(second.status.success(), "{}", stderr(&second));
+    let new = daemon_pid(&second);
+    assert!(wait_gone(old), "the old daemon exits");
+    assert!(
+        is_mounted(mnt.path()),
+        "the new mount survives the old daemon's exit"
+    );
+    assert!(fs::read(mnt.path().join("epoch/0/rank/0/step/3.npy")).is_ok());
+    assert!(shufflefs(&["unmount", s(mnt.path())]).status.success());
+    assert!(wait_gone(new));
+}
+
+#[test]
+fn mount_point_errors_say_what_to_do() {
+    let data = Positional::new(5000, 4096);
+    let ds = data.path();
+    let o = shufflefs(&["mount", s(&ds), "/", "--window", "10", "--batch-size", "2"]);
+    assert!(
+        stderr(&o).contains("refusing to mount over /"),
+        "{}",
+        stderr(&o)
+    );
+    let o = shufflefs(&[
+        "mount",
+        s(&ds),
+        "/nonexistent-parent/dir",
+        "--window",
+        "10",
+        "--batch-size",
+        "2",
+    ]);
+    assert!(stderr(&o).contains("mkdir -p"), "{}", stderr(&o));
+    let o = shufflefs(&[
+        "mount",
+        s(&ds),
+        "/tmp",
+        "--window",
+        "10",
+        "--batch-size",
+        "2",
+        "--threads",
+        "100000",
+    ]);
+    assert!(
+        stderr(&o).contains("--threads 100000 is out of range"),
+        "{}",
+        stderr(&o)
+    );
+    let file = data.dir.path().join("file");
+    fs::write(&file, b"x").unwrap();
+    let o = shufflefs(&["pack", s(&file), s(&file), "--dtype", "u8"]);
+    assert!(
+        stderr(&o).contains("DATASET_DIR exists and is not a directory"),
+        "{}",
+        stderr(&o)
+    );
+}

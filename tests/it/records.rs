@@ -501,3 +501,71 @@ fn mounted_metadata_and_lookup_files() {
     assert_eq!(names[3], "3.json");
     m.unmount();
 }
+
+/// Counts reads per file kind (by extension).
+struct Counting {
+    inner: std::sync::Arc<dyn shufflefs::dataset::ReadAt>,
+    count: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl shufflefs::dataset::ReadAt for Counting {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        self.count
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.read_at(buf, offset)
+    }
+}
+
+#[test]
+fn metadata_of_a_window_costs_three_reads_per_shard_touched() {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    // Short documents (1..13 tokens) with span metadata; shards of 256 tokens.
+    let c = corpus(2000, 256 * 4);
+    let counters: BTreeMap<&str, Arc<AtomicU64>> = ["bin", "ids", "idx", "meta", "docs"]
+        .into_iter()
+        .map(|k| (k, Arc::new(AtomicU64::new(0))))
+        .collect();
+    let dataset = shufflefs::dataset::Dataset::open(&c.ds)
+        .unwrap()
+        .wrap_sources(|path, inner| {
+            let ext = path.extension().unwrap().to_str().unwrap().to_string();
+            let count = counters[ext.as_str()].clone();
+            Arc::new(Counting { inner, count })
+        });
+    let counts = || -> Vec<u64> {
+        counters
+            .values()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    };
+    let reset = || {
+        counters
+            .values()
+            .for_each(|c| c.store(0, Ordering::Relaxed))
+    };
+    // order of `counts`: bin, docs, ids, idx, meta
+    for (first, len, shards) in [
+        (10u64, 200u64, 1u64),
+        (200, 100, 2),
+        (0, 256, 1),
+        (250, 600, 4),
+    ] {
+        reset();
+        let spans = dataset.spans(first, len).unwrap();
+        assert!(spans.len() > 10, "many documents per window");
+        assert_eq!(
+            counts(),
+            vec![0, 0, shards, shards, shards],
+            "window {first}+{len}"
+        );
+    }
+    reset();
+    dataset.document(777).unwrap();
+    assert_eq!(
+        counts(),
+        vec![0, 1, 0, 1, 1],
+        "a document: docs, index, data"
+    );
+}
