@@ -8,6 +8,10 @@
 # Defaults: a 1 GiB dataset of u32 positional tokens, batches of 32 x 2048 tokens
 # (262,272-byte files), 5 repetitions of 10,000 files per row. --quick: 64 MiB, 1 rep,
 # 500 files (CI runs this so the script cannot rot; no thresholds).
+#
+# A second table measures metadata: S.json with per-row spans on a JSON Lines corpus of
+# short documents (20-80 tokens, document metadata, a concept span on every other one),
+# against S.npy of the same steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/ensure-fuse.sh
@@ -30,6 +34,8 @@ cargo build --release --quiet
 bin=$PWD/target/release/shufflefs
 work=$PWD/target/bench/t$tokens
 plan=(--window 2048 --batch-size 32 --ranks 1 --epochs 64 --seed 7)
+# A dataset left by an older build (other format version) is rebuilt.
+"$bin" inspect "$work/dataset" >/dev/null 2>&1 || rm -rf "$work"
 if [ ! -f "$work/dataset/manifest.json" ]; then
   mkdir -p "$work"
   "$bin" synth "$work/tokens.bin" --tokens "$tokens" --dtype u32 >/dev/null
@@ -74,3 +80,61 @@ for label, source, readers in [
     print(f"{label:<44} {t/1e6:>11.1f} {t/65536:>9.0f} {t/limit:>6.2f}")
 PY
 rm -f "$results"
+
+# --- metadata: S.json rows on short documents ------------------------------------------
+docs=200000; mfiles=1000
+if [ "$quick" = 1 ]; then docs=5000; mfiles=100; fi
+meta=$PWD/target/bench/meta$docs
+mplan=(--window 2049 --stride 2048 --batch-size 32 --ranks 1 --epochs 64 --seed 7)
+"$bin" inspect "$meta/dataset" >/dev/null 2>&1 || rm -rf "$meta"
+if [ ! -f "$meta/dataset/manifest.json" ]; then
+  mkdir -p "$meta"
+  python3 - "$meta/docs.jsonl" "$docs" <<'PY'
+import json, random, sys
+random.seed(1)
+pos = 0
+with open(sys.argv[1], "w") as f:
+    for k in range(int(sys.argv[2])):
+        n = random.randint(20, 80)
+        d = {"tokens": list(range(pos, pos + n)),
+             "meta": {"doc_id": f"web-{k}", "quality": round(random.random(), 3)}}
+        if k % 2:
+            d["spans"] = [{"start": 0, "end": n // 2, "meta": {"concepts": [k % 97, k % 89]}}]
+        f.write(json.dumps(d) + "\n")
+        pos += n
+PY
+  "$bin" pack "$meta/dataset" "$meta/docs.jsonl" --dtype u32 --no-progress >/dev/null
+  rm -f "$meta/docs.jsonl"
+fi
+"$bin" unmount "$mnt" >/dev/null
+"$bin" -q mount "$meta/dataset" "$mnt" "${mplan[@]}" --threads 2 >/dev/null
+mresults=$(mktemp)
+for rep in $(seq "$reps"); do
+  for file in npy json; do
+    for source in direct mount; do
+      extra=()
+      if [ "$source" = mount ]; then extra=(--mountpoint "$mnt"); fi
+      "$bin" bench "$meta/dataset" "${mplan[@]}" --source "$source" --file "$file" \
+        --files "$mfiles" "${extra[@]}" >> "$mresults"
+    done
+  done
+done
+python3 - "$mresults" "$mnt" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+step = json.load(open(f"{sys.argv[2]}/epoch/0/rank/0/step/0.json"))
+spans = sum(len(r) for r in step["rows"])
+print()
+print(f"metadata: 32 x 2049-token steps over documents of 20-80 tokens "
+      f"({spans} spans in step 0), median of interleaved reps")
+print(f"{'file':<36} {'ms/step':>8} {'read syscalls/step (by the reader)':>35}")
+for label, source, file in [
+    ("S.npy, direct", "direct", "npy"), ("S.json with rows, direct", "direct", "json"),
+    ("S.npy, through the mount", "mount", "npy"), ("S.json with rows, through the mount", "mount", "json"),
+]:
+    xs = [r for r in rows if r["source"] == source and r["file"] == file]
+    ms = statistics.median(1000 / r["files_per_s"] for r in xs)
+    sc = statistics.median(r["read_syscalls_per_file"] for r in xs)
+    print(f"{label:<36} {ms:>8.3f} {sc:>35.1f}")
+PY
+rm -f "$mresults"
