@@ -22,6 +22,8 @@ data=target/demo
 mnt=mount
 plan=(--window 2049 --stride 2048 --batch-size 8 --ranks 4 --epochs 3 --seed 1234)
 
+# A dataset left by an older build (other format version) is rebuilt.
+"$bin" inspect "$data/dataset" >/dev/null 2>&1 || rm -rf "$data"
 if [ ! -f "$data/dataset/manifest.json" ]; then
   mkdir -p "$data"
   "$bin" synth "$data/tokens.bin" --tokens 10000000 --dtype u32

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: installs what it needs (fuse3), then runs the format check, clippy with
-# warnings as errors, the whole test suite, and the demo in check mode.
+# warnings as errors, the whole test suite, the demo in check mode and a quick benchmark.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/ensure-fuse.sh
@@ -15,4 +15,7 @@ cargo test 2>&1 | tee target/test.log
 passed=$(awk '/^test result:/ { for (i = 1; i < NF; i++) if ($(i + 1) == "passed;") s += $i } END { print s + 0 }' target/test.log)
 echo "== demo (check mode)"
 scripts/demo.sh --check
-echo "== all checks passed: ${passed} tests"
+echo "== benchmark (quick: keeps the script working; no thresholds)"
+scripts/bench.sh --quick
+echo "== all checks passed"
+echo "tests: ${passed} passed, 0 failed"
