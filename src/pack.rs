@@ -60,6 +60,9 @@ pub struct PackOptions {
     pub doc_sep: Option<i128>,
     /// Show a progress bar on stderr when it is a terminal.
     pub progress: bool,
+    /// Metadata entries per shard before pack starts a new shard (default and maximum 2^32,
+    /// the range of the u32 ids; smaller values exist for tests).
+    pub max_entries_per_shard: Option<u64>,
 }
 
 /// Parses a byte size: a number with an optional binary suffix (`K`/`KiB`, `M`/`MiB`,
@@ -324,6 +327,10 @@ pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Man
         })
         .fold(0u64, u64::saturating_add);
     let mut writer = Writer::new(dir, record.clone(), shard_records * itemsize, has_docs);
+    writer.max_entries = options
+        .max_entries_per_shard
+        .unwrap_or(MAX_ENTRIES)
+        .clamp(4, MAX_ENTRIES);
     writer.progress = options.progress.then(|| progress_bar(total_bytes));
     let result = write_all(&mut writer, &checked, options).and_then(|()| {
         let (shards, documents, metadata) = writer.finish()?;
@@ -617,6 +624,7 @@ struct Writer {
     itemsize: u64,
     shard_bytes: u64,
     has_docs: bool,
+    max_entries: u64,
     shards: Vec<ShardEntry>,
     current: Option<OpenShard>,
     /// Docs records of documents that started in a finished shard and are still open.
@@ -642,6 +650,7 @@ impl Writer {
             record,
             shard_bytes,
             has_docs,
+            max_entries: MAX_ENTRIES,
             shards: Vec::new(),
             current: None,
             pending_docs: Vec::new(),
@@ -759,16 +768,20 @@ impl Writer {
 
     /// The shard-local id of a dataset-wide entry, registering it in the current shard.
     fn local_entry(&mut self, entry: u64, doc: u64, meta: &str) -> Result<u32> {
+        let max_entries = self.max_entries;
         let shard = self.shard()?;
         let docs = shard.docs.as_mut().expect("document shard");
         if let Some(&id) = docs.local.get(&entry) {
             return Ok(id);
         }
-        if docs.entries >= MAX_ENTRIES {
-            return Err(Error::invalid(
-                "more than 2^32 metadata entries in one shard: lower --shard-size",
-            ));
+        if docs.entries >= max_entries && shard.bytes > 0 {
+            // Shard-local ids are u32: start a new shard before they overflow. The open
+            // document's entries are registered again there.
+            self.finish_shard()?;
+            return self.local_entry(entry, doc, meta);
         }
+        let shard = self.current.as_mut().expect("open shard");
+        let docs = shard.docs.as_mut().expect("document shard");
         let id = docs.entries as u32;
         let mut bytes = Vec::with_capacity(16 + meta.len());
         bytes.extend_from_slice(&doc.to_le_bytes());

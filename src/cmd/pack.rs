@@ -25,6 +25,7 @@ pub fn run(args: PackArgs) -> Result<()> {
         force: args.force,
         doc_sep,
         progress: !args.no_progress,
+        max_entries_per_shard: None,
     };
     let m = pack(&args.dataset_dir, &args.inputs, &options)?;
     let docs = match m.documents {

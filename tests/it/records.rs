@@ -120,6 +120,10 @@ struct Corpus {
 }
 
 fn corpus(n_docs: u64, shard_bytes: u64) -> Corpus {
+    corpus_with(n_docs, shard_bytes, None)
+}
+
+fn corpus_with(n_docs: u64, shard_bytes: u64, max_entries: Option<u64>) -> Corpus {
     let dir = tempfile::tempdir().unwrap();
     let mut lines = String::new();
     let mut owners = Vec::new();
@@ -158,7 +162,11 @@ fn corpus(n_docs: u64, shard_bytes: u64) -> Corpus {
     let input = dir.path().join("docs.jsonl");
     fs::write(&input, lines).unwrap();
     let ds = dir.path().join("ds");
-    pack(&ds, &[input], &options(Some(ScalarType::U32), shard_bytes)).unwrap();
+    let opts = PackOptions {
+        max_entries_per_shard: max_entries,
+        ..options(Some(ScalarType::U32), shard_bytes)
+    };
+    pack(&ds, &[input], &opts).unwrap();
     Corpus {
         _dir: dir,
         ds,
@@ -288,6 +296,18 @@ fn documents_mode_rows_lengths_padding_and_partition() {
             }
         }
         assert_exact_partition(&all, 203, 12);
+    }
+    // Any byte range of a padded step file equals the slice of the whole file.
+    let ino = walk(&fs, "epoch/1/rank/2/step/3.npy");
+    let whole = read_all(&fs, "epoch/1/rank/2/step/3.npy");
+    let mut out = Vec::new();
+    for offset in 0..=whole.len() as u64 + 2 {
+        for size in [1u32, 3, 5, 24, 97] {
+            fs.read(ino, offset, size, &mut out).unwrap();
+            let start = (offset as usize).min(whole.len());
+            let end = (offset as usize + size as usize).min(whole.len());
+            assert_eq!(out, &whole[start..end], "offset {offset} size {size}");
+        }
     }
     // observation/I.npy is the whole document, unpadded.
     let (start, len, _) = c.docs[11];
@@ -568,4 +588,49 @@ fn metadata_of_a_window_costs_three_reads_per_shard_touched() {
         vec![0, 1, 0, 1, 1],
         "a document: docs, index, data"
     );
+}
+
+#[test]
+fn pack_starts_a_new_shard_before_entry_ids_overflow() {
+    // At most 5 entries per shard (2^32 in real use): shards end early, documents and spans
+    // continue in the next shard with their entries written again.
+    let c = corpus_with(60, 1 << 20, Some(5));
+    let m: Value = serde_json::from_slice(&fs::read(c.ds.join("manifest.json")).unwrap()).unwrap();
+    let shards = m["shards"].as_array().unwrap();
+    assert!(shards.len() > 10, "{} shards", shards.len());
+    for s in shards {
+        assert!(s["docs"]["entries"].as_u64().unwrap() <= 5);
+    }
+    let fs =
+        ShuffleFs::new(View::open(&c.ds, &ViewConfig::stream(7, 5, 2, 1, 3, 1)).unwrap()).unwrap();
+    for step in 0..fs.view().plan().steps_per_epoch() {
+        let j = json_of(&fs, &format!("epoch/0/rank/0/step/{step}.json"));
+        for r in 0..2 {
+            let first = j["token_starts"][r].as_u64().unwrap();
+            check_spans(
+                &j["rows"][r],
+                first,
+                7,
+                &c.owners,
+                &format!("step {step} row {r}"),
+            );
+        }
+    }
+    let docs = ShuffleFs::new(View::open(&c.ds, &docs_config(4, 2, 1, None)).unwrap()).unwrap();
+    for d in 0..60u64 {
+        let o = json_of(&docs, &format!("observation/{d}.json"));
+        let (start, len, meta) = &c.docs[d as usize];
+        assert_eq!(
+            (o["token_start"].as_u64(), o["token_end"].as_u64()),
+            (Some(*start), Some(start + len))
+        );
+        assert_eq!(&o["meta"], meta);
+        check_spans(
+            &o["spans"],
+            *start,
+            *len,
+            &c.owners,
+            &format!("document {d}"),
+        );
+    }
 }
