@@ -430,6 +430,9 @@ fn write_records_file(
             )
         })?;
         left -= want as u64;
+        if let Some(bar) = &writer.progress {
+            bar.inc(want as u64);
+        }
         if !writer.has_docs {
             writer.write_plain(&buf[..want])?;
             continue;
@@ -501,6 +504,9 @@ fn write_jsonl(writer: &mut Writer, path: &Path) -> Result<()> {
             return Ok(());
         }
         number += 1;
+        if let Some(bar) = &writer.progress {
+            bar.inc(n as u64);
+        }
         let at = |why: String| Error::invalid(format!("{}:{number}: {why}", path.display()));
         if line.trim().is_empty() {
             return Err(at("empty line: every line must be one JSON document".into()));
@@ -738,9 +744,6 @@ impl Writer {
             shard.bytes += take as u64;
             let full = shard.bytes == shard_bytes;
             self.next_record += take as u64 / self.itemsize;
-            if let Some(bar) = &self.progress {
-                bar.inc(take as u64);
-            }
             bytes = &bytes[take..];
             if full {
                 self.finish_shard()?;
@@ -843,9 +846,6 @@ impl Writer {
                 docs.hashers[0].update(&ids);
                 let full = shard.bytes == shard_bytes;
                 self.next_record += take as u64 / itemsize;
-                if let Some(bar) = &self.progress {
-                    bar.inc(take as u64);
-                }
                 bytes = &bytes[take..];
                 if full {
                     self.finish_shard()?;
