@@ -731,19 +731,26 @@ impl Writer {
         Ok(self.current.as_mut().expect("just opened"))
     }
 
+    /// Appends as many of `bytes` (whole records) as the current shard has room for;
+    /// returns how many bytes it took and whether the shard is now full.
+    fn append_records(&mut self, bytes: &[u8]) -> Result<(usize, bool)> {
+        let shard_bytes = self.shard_bytes;
+        let shard = self.shard()?;
+        let take = ((shard_bytes - shard.bytes) as usize).min(bytes.len());
+        shard
+            .file
+            .write_all(&bytes[..take])
+            .map_err(|e| Error::io(&shard.tmp, e))?;
+        shard.hasher.update(&bytes[..take]);
+        shard.bytes += take as u64;
+        let full = shard.bytes == shard_bytes;
+        self.next_record += take as u64 / self.itemsize;
+        Ok((take, full))
+    }
+
     fn write_plain(&mut self, mut bytes: &[u8]) -> Result<()> {
         while !bytes.is_empty() {
-            let shard_bytes = self.shard_bytes;
-            let shard = self.shard()?;
-            let take = ((shard_bytes - shard.bytes) as usize).min(bytes.len());
-            shard
-                .file
-                .write_all(&bytes[..take])
-                .map_err(|e| Error::io(&shard.tmp, e))?;
-            shard.hasher.update(&bytes[..take]);
-            shard.bytes += take as u64;
-            let full = shard.bytes == shard_bytes;
-            self.next_record += take as u64 / self.itemsize;
+            let (take, full) = self.append_records(bytes)?;
             bytes = &bytes[take..];
             if full {
                 self.finish_shard()?;
@@ -826,26 +833,20 @@ impl Writer {
                     doc.start = Some((self.next_record, index, doc_entry));
                 }
                 let id = self.local_entry(entry, doc.id, &meta)?;
-                let shard_bytes = self.shard_bytes;
-                let itemsize = self.itemsize;
-                let shard = self.shard()?;
-                let take = ((shard_bytes - shard.bytes) as usize).min(bytes.len());
-                shard
-                    .file
-                    .write_all(&bytes[..take])
-                    .map_err(|e| Error::io(&shard.tmp, e))?;
-                shard.hasher.update(&bytes[..take]);
-                shard.bytes += take as u64;
-                let docs = shard.docs.as_mut().expect("document shard");
-                let ids: Vec<u8> = std::iter::repeat_n(id.to_le_bytes(), take / itemsize as usize)
-                    .flatten()
-                    .collect();
+                let (take, full) = self.append_records(bytes)?;
+                let docs = self
+                    .current
+                    .as_mut()
+                    .and_then(|s| s.docs.as_mut())
+                    .expect("document shard");
+                let ids: Vec<u8> =
+                    std::iter::repeat_n(id.to_le_bytes(), take / self.itemsize as usize)
+                        .flatten()
+                        .collect();
                 docs.ids
                     .write_all(&ids)
                     .map_err(|e| Error::io(&docs.tmps[0], e))?;
                 docs.hashers[0].update(&ids);
-                let full = shard.bytes == shard_bytes;
-                self.next_record += take as u64 / itemsize;
                 bytes = &bytes[take..];
                 if full {
                     self.finish_shard()?;
