@@ -131,6 +131,16 @@ pub struct MountArgs {
     /// Log to this file once the daemon is in the background [default: syslog].
     #[arg(long, help_heading = MOUNT_HEADING)]
     pub log_file: Option<PathBuf>,
+    /// Memory for finished step files, node-wide (suffixes KiB MiB GiB; 0 disables the cache
+    /// and prefetch).
+    #[arg(long, default_value = "256MiB", help_heading = MOUNT_HEADING)]
+    pub cache_size: String,
+    /// Steps each rank's reader is followed ahead by background assembly (0 disables).
+    #[arg(long, default_value_t = 4, help_heading = MOUNT_HEADING)]
+    pub prefetch_depth: u64,
+    /// Threads assembling prefetched steps.
+    #[arg(long, default_value_t = 2, help_heading = MOUNT_HEADING)]
+    pub prefetch_workers: usize,
 }
 
 /// `shufflefs unmount`.

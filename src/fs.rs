@@ -30,6 +30,9 @@ use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 
+use crate::cache::StepCache;
+use crate::prefetch::{PrefetchConfig, Prefetcher};
+
 use crate::view::{View, json_len, json_range};
 
 /// The root directory's inode number (fixed by FUSE).
@@ -47,6 +50,8 @@ pub enum Node {
     Root,
     /// `/info.json`
     Info,
+    /// `/stats.json` (cache and prefetch counters; changes while mounted)
+    Stats,
     /// `/epoch`
     EpochList,
     /// `/epoch/E`
@@ -93,6 +98,7 @@ impl Node {
     pub fn kind(self) -> Kind {
         match self {
             Node::Info
+            | Node::Stats
             | Node::StepNpy(_)
             | Node::StepJson(_)
             | Node::ObservationNpy(_)
@@ -100,6 +106,11 @@ impl Node {
             | Node::LookupJson(..) => Kind::File,
             _ => Kind::Directory,
         }
+    }
+
+    /// Whether the content changes while mounted (no attribute caching, no page cache).
+    pub fn is_volatile(self) -> bool {
+        self == Node::Stats
     }
 }
 
@@ -116,6 +127,8 @@ pub struct Attr {
     pub perm: u16,
     /// Link count.
     pub nlink: u32,
+    /// The content changes while mounted: the kernel must not cache attributes or data.
+    pub volatile: bool,
 }
 
 /// One directory entry produced by [`ShuffleFs::readdir`].
@@ -149,6 +162,7 @@ impl DirSink for Vec<DirEntry> {
 enum Range {
     Root,
     Info,
+    Stats,
     EpochList,
     ObservationList,
     Lookup,
@@ -166,9 +180,10 @@ enum Range {
     LookupJson,
 }
 
-const RANGES: [Range; 17] = [
+const RANGES: [Range; 18] = [
     Range::Root,
     Range::Info,
+    Range::Stats,
     Range::EpochList,
     Range::ObservationList,
     Range::Lookup,
@@ -213,6 +228,7 @@ impl Inodes {
             let count = match range {
                 Range::Root
                 | Range::Info
+                | Range::Stats
                 | Range::EpochList
                 | Range::ObservationList
                 | Range::Lookup
@@ -241,6 +257,7 @@ impl Inodes {
         let (range, index) = match node {
             Node::Root => (Range::Root, 0),
             Node::Info => (Range::Info, 0),
+            Node::Stats => (Range::Stats, 0),
             Node::EpochList => (Range::EpochList, 0),
             Node::ObservationList => (Range::ObservationList, 0),
             Node::Lookup => (Range::Lookup, 0),
@@ -282,6 +299,7 @@ impl Inodes {
         Some(match RANGES[k] {
             Range::Root => Node::Root,
             Range::Info => Node::Info,
+            Range::Stats => Node::Stats,
             Range::EpochList => Node::EpochList,
             Range::ObservationList => Node::ObservationList,
             Range::Lookup => Node::Lookup,
@@ -332,7 +350,10 @@ pub fn parse_index(name: &[u8], bound: u64) -> Option<u64> {
 /// The filesystem: a [`View`] plus the tree around it.
 #[derive(Debug)]
 pub struct ShuffleFs {
-    view: View,
+    view: Arc<View>,
+    /// Finished step files (none: every read assembles its range from the shards).
+    cache: Option<Arc<StepCache>>,
+    prefetcher: Option<Prefetcher>,
     inodes: Inodes,
     /// Recently rendered JSON files. A JSON file is rendered for `stat` (its size) and again
     /// for each READ (a reader's last READ, at EOF, included); with metadata rows that costs
@@ -357,12 +378,60 @@ impl ShuffleFs {
             plan.n_observations(),
         )?;
         Ok(ShuffleFs {
-            view,
+            view: Arc::new(view),
+            cache: None,
+            prefetcher: None,
             inodes,
             json_cache: Mutex::new(LruCache::new(
                 NonZeroUsize::new(JSON_CACHE_ENTRIES).expect("non-zero"),
             )),
         })
+    }
+
+    /// Adds a step cache of `budget` bytes and a prefetcher. Step files larger than half the
+    /// budget are not cached (their reads go to the shards range by range).
+    pub fn with_cache(mut self, budget: u64, prefetch: PrefetchConfig) -> ShuffleFs {
+        let step = self.view.step_npy_len().max(1);
+        if budget / step < 2 {
+            log::info!(
+                "step files of {step} bytes do not fit a {budget}-byte cache twice: cache off"
+            );
+            return self;
+        }
+        let cache = Arc::new(StepCache::new((budget / step) as usize));
+        if prefetch.depth > 0 {
+            let view = self.view.clone();
+            self.prefetcher = Some(Prefetcher::new(
+                prefetch,
+                view.plan().clone(),
+                cache.clone(),
+                Box::new(move |key| view.render_step_npy(key)),
+            ));
+        }
+        self.cache = Some(cache);
+        self
+    }
+
+    /// The step cache, if enabled.
+    pub fn cache(&self) -> Option<&StepCache> {
+        self.cache.as_deref()
+    }
+
+    /// The prefetcher, if enabled.
+    pub fn prefetcher(&self) -> Option<&Prefetcher> {
+        self.prefetcher.as_ref()
+    }
+
+    /// `stats.json`: cache and prefetch counters.
+    pub fn stats_json(&self) -> Vec<u8> {
+        let stats = self.cache.as_ref().map(|c| c.stats());
+        let mut out = serde_json::to_vec_pretty(&serde_json::json!({
+            "cache_enabled": stats.is_some(),
+            "cache": stats.unwrap_or_default(),
+        }))
+        .expect("stats serialize");
+        out.push(b'\n');
+        out
     }
 
     /// The view behind the tree.
@@ -391,6 +460,7 @@ impl ShuffleFs {
         let found = match parent {
             Node::Root => match name {
                 b"info.json" => Some(Node::Info),
+                b"stats.json" => Some(Node::Stats),
                 b"epoch" => Some(Node::EpochList),
                 b"observation" => Some(Node::ObservationList),
                 b"lookup" => Some(Node::Lookup),
@@ -418,6 +488,7 @@ impl ShuffleFs {
                 parse_file(name, i.observations, b".json").map(|o| Node::LookupJson(e, o))
             }
             Node::Info
+            | Node::Stats
             | Node::StepNpy(_)
             | Node::StepJson(_)
             | Node::ObservationNpy(_)
@@ -449,6 +520,7 @@ impl ShuffleFs {
                 DIR_PERM
             },
             nlink: if kind == Kind::File { 1 } else { 2 },
+            volatile: node.is_volatile(),
         })
     }
 
@@ -456,6 +528,7 @@ impl ShuffleFs {
         let v = &self.view;
         Ok(match node {
             Node::Info => v.info_json().len() as u64,
+            Node::Stats => self.stats_json().len() as u64,
             Node::StepNpy(_) => v.step_npy_len(),
             Node::StepJson(_) | Node::ObservationJson(_) | Node::LookupJson(..) => {
                 match self.cached_json(node)? {
@@ -545,7 +618,7 @@ impl ShuffleFs {
     fn dir_len(&self, node: Node) -> u64 {
         let i = &self.inodes;
         2 + match node {
-            Node::Root => 4,
+            Node::Root => 5,
             Node::EpochList | Node::LookupEpochList => i.epochs,
             Node::Epoch(_) | Node::Rank(..) | Node::Lookup | Node::LookupEpoch(_) => 1,
             Node::RankList(_) => i.ranks,
@@ -553,6 +626,7 @@ impl ShuffleFs {
             Node::ObservationList => 2 * i.observations,
             Node::LookupObservationList(_) => i.observations,
             Node::Info
+            | Node::Stats
             | Node::StepNpy(_)
             | Node::StepJson(_)
             | Node::ObservationNpy(_)
@@ -563,9 +637,12 @@ impl ShuffleFs {
 
     fn parent(&self, node: Node) -> Node {
         match node {
-            Node::Root | Node::Info | Node::EpochList | Node::ObservationList | Node::Lookup => {
-                Node::Root
-            }
+            Node::Root
+            | Node::Info
+            | Node::Stats
+            | Node::EpochList
+            | Node::ObservationList
+            | Node::Lookup => Node::Root,
             Node::Epoch(_) => Node::EpochList,
             Node::RankList(e) => Node::Epoch(e),
             Node::Rank(e, _) => Node::RankList(e),
@@ -591,6 +668,7 @@ impl ShuffleFs {
         match node {
             Node::Root => [
                 (Node::Info, "info.json"),
+                (Node::Stats, "stats.json"),
                 (Node::EpochList, "epoch"),
                 (Node::ObservationList, "observation"),
                 (Node::Lookup, "lookup"),
@@ -618,6 +696,7 @@ impl ShuffleFs {
             Node::LookupEpoch(e) => (Node::LookupObservationList(e), "observation".to_string()),
             Node::LookupObservationList(e) => (Node::LookupJson(e, index), format!("{index}.json")),
             Node::Info
+            | Node::Stats
             | Node::StepNpy(_)
             | Node::StepJson(_)
             | Node::ObservationNpy(_)
@@ -663,11 +742,27 @@ impl ShuffleFs {
             Node::StepNpy(key) => {
                 let len = v.step_npy_len();
                 if offset >= len {
+                    // The reader's end-of-file probe: nothing to read, count or prefetch.
                     return Ok(());
                 }
-                out.resize((u64::from(size)).min(len - offset) as usize, 0);
-                let n = v.read_step_npy(key, offset, out)?;
-                out.truncate(n);
+                if let Some(cache) = &self.cache {
+                    let bytes = match cache.get(key) {
+                        Some(bytes) => bytes,
+                        None => {
+                            let bytes: Arc<[u8]> = v.render_step_npy(key)?.into();
+                            cache.insert(key, bytes.clone(), false);
+                            bytes
+                        }
+                    };
+                    copy_range(&bytes, offset, size, out);
+                } else {
+                    out.resize((u64::from(size)).min(len - offset) as usize, 0);
+                    let n = v.read_step_npy(key, offset, out)?;
+                    out.truncate(n);
+                }
+                if let Some(p) = &self.prefetcher {
+                    p.hint(key);
+                }
             }
             Node::ObservationNpy(i) => {
                 let len = v.observation_npy_len(i)?;
@@ -685,6 +780,7 @@ impl ShuffleFs {
                 }
             }
             Node::Info => copy_range(v.info_json(), offset, size, out),
+            Node::Stats => copy_range(&self.stats_json(), offset, size, out),
             _ => return Err(Error::IsADirectory),
         }
         Ok(())
@@ -755,6 +851,7 @@ mod tests {
         let mut all = vec![
             Node::Root,
             Node::Info,
+            Node::Stats,
             Node::EpochList,
             Node::ObservationList,
             Node::Lookup,

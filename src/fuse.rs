@@ -42,6 +42,10 @@ impl FuseAdapter {
         }
     }
 
+    fn ttl(a: &Attr) -> Duration {
+        if a.volatile { Duration::ZERO } else { TTL }
+    }
+
     fn file_attr(&self, a: &Attr) -> FileAttr {
         FileAttr {
             ino: INodeNo(a.ino),
@@ -111,7 +115,7 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs.lookup(parent.0, name) {
-            Ok(a) => reply.entry(&TTL, &self.file_attr(&a), Generation(0)),
+            Ok(a) => reply.entry(&Self::ttl(&a), &self.file_attr(&a), Generation(0)),
             Err(e) => {
                 debug!("lookup parent={} name={name:?}", parent.0);
                 reply.error(fail("lookup", parent.0, &e))
@@ -121,14 +125,19 @@ impl Filesystem for FuseAdapter {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &self.file_attr(&a)),
+            Ok(a) => reply.attr(&Self::ttl(&a), &self.file_attr(&a)),
             Err(e) => reply.error(fail("getattr", ino.0, &e)),
         }
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(ino.0, flags.0) {
-            // noflush: close() costs no round trip.
+            // noflush: close() costs no round trip. A volatile file is always direct_io, so
+            // the page cache never holds an old version.
+            Ok(node) if node.is_volatile() => reply.opened(
+                FileHandle(0),
+                FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH,
+            ),
             Ok(_) => reply.opened(FileHandle(0), self.open_flags),
             Err(e) => reply.error(fail("open", ino.0, &e)),
         }

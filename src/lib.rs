@@ -7,6 +7,7 @@
 //! | --- | --- | --- |
 //! | [`fuse`] | how do kernel requests become calls and replies? | yes (the only one) |
 //! | [`fs`] | which node is this name or inode, what are its attributes and bytes? | no |
+//! | [`cache`], [`prefetch`] | which finished step files are kept, which are assembled ahead? | no |
 //! | [`view`] | what are the bytes of a step file, `S.json`, `info.json`? | no |
 //! | [`plan`] | which observations are in (epoch, rank, step)? where is observation i? | no |
 //! | [`feistel`] | the keyed permutation of `[0, n)` | no |
@@ -19,6 +20,7 @@
 //! | [`mount`] | mount, unmount, stale mounts | via fuser's session |
 //! | [`cmd`], [`cli`], [`logging`] | the `shufflefs` command line | no |
 
+pub mod cache;
 pub mod cli;
 pub mod cmd;
 pub mod dataset;
@@ -33,6 +35,7 @@ pub mod mount;
 pub mod npy;
 pub mod pack;
 pub mod plan;
+pub mod prefetch;
 pub mod view;
 pub mod window;
 

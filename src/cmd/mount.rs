@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::fs::ShuffleFs;
 use crate::logging;
 use crate::mount::{MountOptions, default_threads, mount, prepare_mountpoint};
+use crate::prefetch::PrefetchConfig;
 use crate::view::{View, ViewConfig};
 
 /// More FUSE workers than this only add contention (the kernel serves one queue).
@@ -55,7 +56,22 @@ pub fn run(mut args: MountArgs) -> Result<()> {
         info.epochs,
         info.fingerprint
     );
+    let cache_size = crate::pack::parse_size(&args.cache_size)?;
+    if args.prefetch_workers > MAX_THREADS {
+        return Err(Error::invalid(format!(
+            "--prefetch-workers {} is out of range: use 0 to {MAX_THREADS}",
+            args.prefetch_workers
+        )));
+    }
     let fs = ShuffleFs::new(view)?;
+    // Threads (prefetch workers) may only start after the fork: serve() adds the cache.
+    let cache = (cache_size > 0).then_some((
+        cache_size,
+        PrefetchConfig {
+            depth: args.prefetch_depth,
+            workers: args.prefetch_workers,
+        },
+    ));
     let mountpoint = prepare_mountpoint(&args.mountpoint)?;
     let dataset = args
         .dataset_dir
@@ -73,7 +89,7 @@ pub fn run(mut args: MountArgs) -> Result<()> {
         fsname: dataset.display().to_string(),
     };
     if args.foreground {
-        return serve(fs, &mountpoint, &options, None);
+        return serve(fs, cache, &mountpoint, &options, None);
     }
     // Close-on-exec, so helpers spawned while mounting (fusermount3) do not hold the pipe.
     let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
@@ -121,7 +137,7 @@ pub fn run(mut args: MountArgs) -> Result<()> {
                 ready: write_end,
                 log_file: args.log_file.clone(),
             };
-            if let Err(e) = serve(fs, &mountpoint, &options, Some(background)) {
+            if let Err(e) = serve(fs, cache, &mountpoint, &options, Some(background)) {
                 // Before readiness this reaches the terminal (the parent relays the exit
                 // code); after it, the log file or syslog.
                 if logging::is_stderr() {
@@ -193,6 +209,7 @@ fn redirect_to_null(fds: &[i32]) {
 /// Mounts and serves until a signal or an external unmount, then unmounts cleanly.
 fn serve(
     fs: ShuffleFs,
+    cache: Option<(u64, PrefetchConfig)>,
     mountpoint: &Path,
     options: &MountOptions,
     background: Option<Background>,
@@ -206,6 +223,10 @@ fn serve(
     signals
         .thread_block()
         .map_err(|e| Error::io("sigprocmask", e.into()))?;
+    let fs = match cache {
+        Some((budget, prefetch)) => fs.with_cache(budget, prefetch),
+        None => fs,
+    };
     let mounted = mount(fs, mountpoint, options)?;
     match background {
         Some(bg) => {

@@ -135,7 +135,10 @@ fn listings_names_and_read_only() {
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect()
     };
-    assert_eq!(names(root), ["info.json", "epoch", "observation", "lookup"]);
+    assert_eq!(
+        names(root),
+        ["info.json", "stats.json", "epoch", "observation", "lookup"]
+    );
     assert_eq!(names(&root.join("epoch")), ["0", "1"]);
     assert_eq!(names(&root.join("epoch/1/rank")), ["0"]);
     let steps = names(&root.join("epoch/1/rank/0/step"));
@@ -323,4 +326,51 @@ fn dropping_the_guard_unmounts() {
     drop(m);
     assert!(!is_mounted(&path));
     drop(open);
+}
+
+#[test]
+fn prefetching_mount_serves_identical_bytes() {
+    if !fuse_available() {
+        return;
+    }
+    use shufflefs::prefetch::PrefetchConfig;
+    let data = Positional::new(60_000, 1 << 14);
+    let cfg = config(129, 128, 8, 2, 11, 2);
+    let reference = data.fs(&cfg);
+    let step_len = reference.view().step_npy_len();
+    let fs = data.fs(&cfg).with_cache(
+        16 * step_len,
+        PrefetchConfig {
+            depth: 4,
+            workers: 2,
+        },
+    );
+    let m = TestMount::new(fs);
+    let steps = reference.view().plan().steps_per_epoch();
+    let mut reads = 0u64;
+    for epoch in 0..2 {
+        for step in 0..steps {
+            for rank in 0..2 {
+                let got = fs::read(m.step(epoch, rank, step, "npy")).unwrap();
+                let want = reference
+                    .view()
+                    .render_step_npy(shufflefs::plan::StepKey { epoch, rank, step })
+                    .unwrap();
+                assert_eq!(got, want, "epoch {epoch} rank {rank} step {step}");
+                reads += 1;
+            }
+        }
+    }
+    let stats: serde_json::Value =
+        serde_json::from_slice(&fs::read(m.path().join("stats.json")).unwrap()).unwrap();
+    let c = &stats["cache"];
+    assert_eq!(stats["cache_enabled"], true);
+    // Every READ with data was a hit or a miss (one per file: files < 1 MiB; the reader's
+    // end-of-file READ is not counted).
+    assert_eq!(
+        c["hits"].as_u64().unwrap() + c["misses"].as_u64().unwrap(),
+        reads
+    );
+    assert!(c["prefetched"].as_u64().unwrap() > 0);
+    m.unmount();
 }

@@ -1,0 +1,225 @@
+//! A bounded, node-wide LRU of finished step files, with counters.
+//!
+//! Step files all have the same size, so the byte budget becomes an entry count
+//! (`budget / step_file_bytes`), which is what the `lru` crate bounds. Entries inserted by the
+//! prefetcher are marked until a reader uses them: one evicted before use counts as prefetch
+//! waste. Every counter is observable (`stats.json`) and asserted step by step in tests.
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use lru::LruCache;
+use serde::Serialize;
+
+use crate::plan::StepKey;
+
+struct Entry {
+    bytes: Arc<[u8]>,
+    /// Inserted by the prefetcher and not read yet.
+    unread_prefetch: bool,
+}
+
+/// Counters of the cache and the prefetcher.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Reads answered from the cache.
+    pub hits: AtomicU64,
+    /// Reads that had to assemble the step themselves.
+    pub misses: AtomicU64,
+    /// Steps assembled by the prefetcher.
+    pub prefetched: AtomicU64,
+    /// Prefetched steps later read from the cache.
+    pub prefetch_used: AtomicU64,
+    /// Prefetched steps evicted before any read.
+    pub prefetch_wasted: AtomicU64,
+    /// Prefetches that failed (the later foreground read retries on its own).
+    pub prefetch_failed: AtomicU64,
+    /// Entries evicted to stay within the budget.
+    pub evicted: AtomicU64,
+}
+
+/// A snapshot of the counters, as served in `stats.json`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    /// Reads answered from the cache.
+    pub hits: u64,
+    /// Reads that had to assemble the step themselves.
+    pub misses: u64,
+    /// Steps assembled by the prefetcher.
+    pub prefetched: u64,
+    /// Prefetched steps later read from the cache.
+    pub prefetch_used: u64,
+    /// Prefetched steps evicted before any read.
+    pub prefetch_wasted: u64,
+    /// Prefetches that failed.
+    pub prefetch_failed: u64,
+    /// Entries evicted to stay within the budget.
+    pub evicted: u64,
+    /// Entries in the cache now.
+    pub entries: u64,
+    /// Maximum entries.
+    pub capacity: u64,
+}
+
+/// The step cache.
+pub struct StepCache {
+    map: Mutex<LruCache<StepKey, Entry>>,
+    capacity: usize,
+    /// The counters (the prefetcher updates some of them).
+    pub counters: Counters,
+}
+
+impl std::fmt::Debug for StepCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepCache")
+            .field("capacity", &self.capacity)
+            .finish()
+    }
+}
+
+impl StepCache {
+    /// A cache of at most `capacity` step files (at least 1).
+    pub fn new(capacity: usize) -> StepCache {
+        let capacity = capacity.max(1);
+        StepCache {
+            map: Mutex::new(LruCache::new(
+                NonZeroUsize::new(capacity).expect("at least 1"),
+            )),
+            capacity,
+            counters: Counters::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<StepKey, Entry>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The step file for `key`, counting a hit or a miss.
+    pub fn get(&self, key: StepKey) -> Option<Arc<[u8]>> {
+        let mut map = self.lock();
+        match map.get_mut(&key) {
+            Some(entry) => {
+                if std::mem::take(&mut entry.unread_prefetch) {
+                    self.counters.prefetch_used.fetch_add(1, Ordering::Relaxed);
+                }
+                self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                Some(entry.bytes.clone())
+            }
+            None => {
+                self.counters.misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Whether `key` is cached (no counting, no LRU update).
+    pub fn contains(&self, key: StepKey) -> bool {
+        self.lock().contains(&key)
+    }
+
+    /// Inserts a finished step file, evicting the least recently used entry when full.
+    pub fn insert(&self, key: StepKey, bytes: Arc<[u8]>, prefetched: bool) {
+        let mut map = self.lock();
+        if map.contains(&key) {
+            return;
+        }
+        if prefetched {
+            self.counters.prefetched.fetch_add(1, Ordering::Relaxed);
+        }
+        let entry = Entry {
+            bytes,
+            unread_prefetch: prefetched,
+        };
+        if let Some((old_key, old)) = map.push(key, entry)
+            && old_key != key
+        {
+            self.counters.evicted.fetch_add(1, Ordering::Relaxed);
+            if old.unread_prefetch {
+                self.counters
+                    .prefetch_wasted
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The keys in the cache, most recently used first (tests).
+    pub fn keys(&self) -> Vec<StepKey> {
+        self.lock().iter().map(|(k, _)| *k).collect()
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            hits: get(&c.hits),
+            misses: get(&c.misses),
+            prefetched: get(&c.prefetched),
+            prefetch_used: get(&c.prefetch_used),
+            prefetch_wasted: get(&c.prefetch_wasted),
+            prefetch_failed: get(&c.prefetch_failed),
+            evicted: get(&c.evicted),
+            entries: self.lock().len() as u64,
+            capacity: self.capacity as u64,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(step: u64) -> StepKey {
+        StepKey {
+            epoch: 0,
+            rank: 0,
+            step,
+        }
+    }
+
+    fn bytes(v: u8) -> Arc<[u8]> {
+        vec![v; 4].into()
+    }
+
+    #[test]
+    fn hits_misses_and_lru_order_step_by_step() {
+        let cache = StepCache::new(2);
+        assert!(cache.get(k(0)).is_none());
+        assert_eq!(cache.stats().misses, 1);
+        cache.insert(k(0), bytes(0), false);
+        cache.insert(k(1), bytes(1), true);
+        assert_eq!(cache.keys(), vec![k(1), k(0)]);
+        assert_eq!(&*cache.get(k(0)).unwrap(), &[0; 4]);
+        assert_eq!(cache.keys(), vec![k(0), k(1)], "a hit refreshes the entry");
+        // Inserting a third evicts the least recently used: the unread prefetch of step 1.
+        cache.insert(k(2), bytes(2), true);
+        assert_eq!(cache.keys(), vec![k(2), k(0)]);
+        let s = cache.stats();
+        assert_eq!(
+            (
+                s.hits,
+                s.misses,
+                s.prefetched,
+                s.prefetch_used,
+                s.prefetch_wasted,
+                s.evicted
+            ),
+            (1, 1, 2, 0, 1, 1)
+        );
+        assert_eq!(&*cache.get(k(2)).unwrap(), &[2; 4]);
+        let s = cache.stats();
+        assert_eq!(
+            (s.hits, s.prefetch_used, s.entries, s.capacity),
+            (2, 1, 2, 2)
+        );
+        // A second read of a used prefetch is a hit, not another use.
+        cache.get(k(2)).unwrap();
+        assert_eq!(cache.stats().prefetch_used, 1);
+        // Re-inserting an existing key changes nothing.
+        cache.insert(k(2), bytes(9), true);
+        assert_eq!(&*cache.get(k(2)).unwrap(), &[2; 4]);
+        assert_eq!(cache.stats().prefetched, 2);
+    }
+}

@@ -1,0 +1,328 @@
+//! Clairvoyant prefetch: the daemon knows every rank's future reads.
+//!
+//! When a reader reads step `s` of `(epoch, rank)`, [`Prefetcher::hint`] queues steps
+//! `s+1 ..= s+depth` of the same rank (continuing into the next epoch's first steps), skipping
+//! those already cached or being assembled. Background workers assemble each queued step with
+//! the `render` function and insert it into the [`StepCache`] marked as prefetched. The queue is
+//! bounded: when readers outrun the workers, the oldest hints are dropped (they would arrive
+//! too late anyway). A failed prefetch is counted and logged; the later foreground read
+//! assembles the step itself and reports any error then.
+//!
+//! With zero workers nothing runs in the background: [`Prefetcher::run_queued`] executes the
+//! queue on the calling thread, which is how tests assert hits and misses without timing.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use log::{trace, warn};
+
+use crate::cache::StepCache;
+use crate::error::Result;
+use crate::plan::{Plan, StepKey};
+
+/// Assembles one whole step file.
+pub type Render = dyn Fn(StepKey) -> Result<Vec<u8>> + Send + Sync;
+
+/// Prefetch settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefetchConfig {
+    /// Steps ahead of the reader to assemble (0 disables prefetch).
+    pub depth: u64,
+    /// Background worker threads (0: only [`Prefetcher::run_queued`] runs them).
+    pub workers: usize,
+}
+
+impl Default for PrefetchConfig {
+    fn default() -> Self {
+        // A trainer reads one step at a time per rank; 4 steps ahead hides a burst of slow
+        // reads without spending much of the cache on steps far in the future.
+        PrefetchConfig {
+            depth: 4,
+            workers: 2,
+        }
+    }
+}
+
+struct State {
+    queue: VecDeque<StepKey>,
+    /// Queued or being assembled.
+    pending: HashSet<StepKey>,
+    shutdown: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+    cache: Arc<StepCache>,
+    render: Box<Render>,
+    plan: Plan,
+    depth: u64,
+    max_queue: usize,
+}
+
+/// The prefetcher. Dropping it stops and joins the workers.
+pub struct Prefetcher {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Prefetcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prefetcher")
+            .field("depth", &self.shared.depth)
+            .field("workers", &self.workers.len())
+            .finish()
+    }
+}
+
+impl Prefetcher {
+    /// Starts the workers.
+    pub fn new(
+        config: PrefetchConfig,
+        plan: Plan,
+        cache: Arc<StepCache>,
+        render: Box<Render>,
+    ) -> Prefetcher {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                pending: HashSet::new(),
+                shutdown: false,
+            }),
+            wake: Condvar::new(),
+            cache,
+            render,
+            plan,
+            depth: config.depth,
+            // Enough for every worker's share of a few readers' windows.
+            max_queue: (config.depth as usize).saturating_mul(64).max(16),
+        });
+        let workers = (0..config.workers)
+            .map(|i| {
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("prefetch-{i}"))
+                    .spawn(move || worker(&shared))
+                    .expect("spawn prefetch worker")
+            })
+            .collect();
+        Prefetcher { shared, workers }
+    }
+
+    /// The step after `key` in read order: the next step of the same rank, or the first step of
+    /// the next epoch; `None` after the last epoch.
+    pub fn next_key(plan: &Plan, key: StepKey) -> Option<StepKey> {
+        if key.step + 1 < plan.steps_per_epoch() {
+            Some(StepKey {
+                step: key.step + 1,
+                ..key
+            })
+        } else if key.epoch + 1 < plan.epochs() {
+            Some(StepKey {
+                epoch: key.epoch + 1,
+                step: 0,
+                ..key
+            })
+        } else {
+            None
+        }
+    }
+
+    /// Queues the `depth` steps after `key` that are neither cached nor pending.
+    pub fn hint(&self, key: StepKey) {
+        let s = &self.shared;
+        if s.depth == 0 {
+            return;
+        }
+        let mut next = key;
+        let mut added = false;
+        let mut state = s.state.lock().unwrap_or_else(|p| p.into_inner());
+        for _ in 0..s.depth {
+            let Some(k) = Self::next_key(&s.plan, next) else {
+                break;
+            };
+            next = k;
+            if state.pending.contains(&k) || s.cache.contains(k) {
+                continue;
+            }
+            if state.queue.len() >= s.max_queue
+                && let Some(old) = state.queue.pop_front()
+            {
+                state.pending.remove(&old);
+            }
+            trace!("prefetch queued {k:?}");
+            state.queue.push_back(k);
+            state.pending.insert(k);
+            added = true;
+        }
+        drop(state);
+        if added {
+            s.wake.notify_all();
+        }
+    }
+
+    /// Runs every queued prefetch on the calling thread (for zero-worker prefetchers).
+    pub fn run_queued(&self) {
+        while let Some(key) = take(&self.shared, false) {
+            assemble(&self.shared, key);
+        }
+    }
+}
+
+/// The next queued key; with `wait`, blocks until there is one or shutdown.
+fn take(s: &Shared, wait: bool) -> Option<StepKey> {
+    let mut state = s.state.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        if state.shutdown {
+            return None;
+        }
+        if let Some(k) = state.queue.pop_front() {
+            return Some(k);
+        }
+        if !wait {
+            return None;
+        }
+        state = s.wake.wait(state).unwrap_or_else(|p| p.into_inner());
+    }
+}
+
+fn assemble(s: &Shared, key: StepKey) {
+    if !s.cache.contains(key) {
+        match (s.render)(key) {
+            Ok(bytes) => s.cache.insert(key, bytes.into(), true),
+            Err(e) => {
+                s.cache
+                    .counters
+                    .prefetch_failed
+                    .fetch_add(1, Ordering::Relaxed);
+                warn!("prefetch of {key:?} failed (the reader will retry): {e}");
+            }
+        }
+    }
+    s.state
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .pending
+        .remove(&key);
+}
+
+fn worker(s: &Shared) {
+    while let Some(key) = take(s, true) {
+        assemble(s, key);
+    }
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .shutdown = true;
+        self.shared.wake.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+
+    fn key(epoch: u64, step: u64) -> StepKey {
+        StepKey {
+            epoch,
+            rank: 1,
+            step,
+        }
+    }
+
+    fn setup(depth: u64, capacity: usize, fail_step: Option<u64>) -> (Prefetcher, Arc<StepCache>) {
+        let plan = Plan::new(100, 5, 2, 0, 2).unwrap(); // 10 steps per epoch, 2 epochs
+        let cache = Arc::new(StepCache::new(capacity));
+        let render: Box<Render> = Box::new(move |k: StepKey| {
+            if Some(k.step) == fail_step {
+                return Err(Error::invalid("injected"));
+            }
+            Ok(vec![k.step as u8; 3])
+        });
+        let config = PrefetchConfig { depth, workers: 0 };
+        (Prefetcher::new(config, plan, cache.clone(), render), cache)
+    }
+
+    #[test]
+    fn prefetches_the_next_steps_and_crosses_epochs() {
+        let (p, cache) = setup(3, 8, None);
+        p.hint(key(0, 7));
+        p.run_queued();
+        assert_eq!(cache.keys(), vec![key(1, 0), key(0, 9), key(0, 8)]);
+        assert_eq!(cache.stats().prefetched, 3);
+        // Already cached steps are not queued again.
+        p.hint(key(0, 8));
+        p.run_queued();
+        assert_eq!(cache.stats().prefetched, 4, "only step 1 of epoch 1 is new");
+        assert!(cache.contains(key(1, 1)));
+        // The last step of the last epoch has nothing after it.
+        p.hint(key(1, 9));
+        p.run_queued();
+        assert_eq!(cache.stats().prefetched, 4);
+    }
+
+    #[test]
+    fn reads_after_prefetch_are_hits_and_waste_is_counted() {
+        let (p, cache) = setup(2, 2, None);
+        p.hint(key(0, 0));
+        p.run_queued();
+        assert_eq!(&*cache.get(key(0, 1)).unwrap(), &[1, 1, 1]);
+        // Step 2 stays unread; hinting from step 2 queues steps 3 and 4.
+        p.hint(key(0, 2));
+        p.run_queued();
+        let s = cache.stats();
+        assert_eq!((s.hits, s.prefetched, s.prefetch_used), (1, 4, 1));
+        // Capacity 2: inserting 3 and 4 evicted 1 (used) and 2 (never read: wasted).
+        assert_eq!((s.evicted, s.prefetch_wasted), (2, 1));
+        assert_eq!(cache.keys(), vec![key(0, 4), key(0, 3)]);
+    }
+
+    #[test]
+    fn a_failed_prefetch_is_counted_and_leaves_no_entry() {
+        let (p, cache) = setup(2, 8, Some(2));
+        p.hint(key(0, 0));
+        p.run_queued();
+        assert!(cache.contains(key(0, 1)));
+        assert!(!cache.contains(key(0, 2)));
+        assert_eq!(cache.stats().prefetch_failed, 1);
+        // A later hint tries again (the failure left nothing pending).
+        p.hint(key(0, 1));
+        p.run_queued();
+        assert_eq!(cache.stats().prefetch_failed, 2);
+    }
+
+    #[test]
+    fn background_workers_fill_the_cache() {
+        let plan = Plan::new(100, 5, 2, 0, 2).unwrap();
+        let cache = Arc::new(StepCache::new(16));
+        let render: Box<Render> = Box::new(|k: StepKey| Ok(vec![k.step as u8; 3]));
+        let config = PrefetchConfig {
+            depth: 4,
+            workers: 2,
+        };
+        let p = Prefetcher::new(config, plan, cache.clone(), render);
+        p.hint(key(0, 0));
+        // Wait (bounded) for the workers; the assertion is about content, not speed.
+        for _ in 0..2000 {
+            if (1..=4).all(|s| cache.contains(key(0, s))) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        for s in 1..=4 {
+            assert_eq!(&*cache.get(key(0, s)).unwrap(), &[s as u8; 3]);
+        }
+        drop(p);
+    }
+}
