@@ -45,17 +45,27 @@ fi
 cat "$work"/dataset/shard-*.bin > /dev/null   # make the shards resident: measure CPU paths
 
 mnt=$(mktemp -d)
-trap '"$bin" unmount "$mnt" >/dev/null 2>&1 || "$bin" unmount --lazy "$mnt" >/dev/null 2>&1; rmdir "$mnt"' EXIT
-"$bin" -q mount "$work/dataset" "$mnt" "${plan[@]}" --threads 2 >/dev/null
+pmnt=$(mktemp -d)
+cleanup() {
+  for m in "$mnt" "$pmnt"; do
+    "$bin" unmount "$m" >/dev/null 2>&1 || "$bin" unmount --lazy "$m" >/dev/null 2>&1
+    rmdir "$m"
+  done
+}
+trap cleanup EXIT
+# Plain read path (no cache), and the default mount (step cache + prefetch).
+"$bin" -q mount "$work/dataset" "$mnt" "${plan[@]}" --threads 2 --cache-size 0 >/dev/null
+"$bin" -q mount "$work/dataset" "$pmnt" "${plan[@]}" --threads 2 >/dev/null
 
 results=$(mktemp)
 for rep in $(seq "$reps"); do
-  for row in "direct 1" "direct 2" "mount 1" "mount 2"; do
+  for row in "direct 1 -" "direct 2 -" "mount 1 $mnt" "mount 2 $mnt" "mount 1 $pmnt" "mount 2 $pmnt"; do
     set -- $row
     extra=()
-    if [ "$1" = mount ]; then extra=(--mountpoint "$mnt"); fi
+    if [ "$1" = mount ]; then extra=(--mountpoint "$3"); fi
+    tag=plain; if [ "$3" = "$pmnt" ]; then tag=prefetch; fi
     "$bin" bench "$work/dataset" "${plan[@]}" --source "$1" --readers "$2" --files "$files" \
-      "${extra[@]}" >> "$results"
+      "${extra[@]}" | sed "s/^{/{\"tag\":\"$tag\",/" >> "$results"
   done
 done
 
@@ -63,21 +73,24 @@ python3 - "$results" "$tokens" "$reps" "$files" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 tokens, reps, files = sys.argv[2], sys.argv[3], sys.argv[4]
-def med(source, readers):
-    xs = [r["tokens_per_s"] for r in rows if r["source"] == source and r["readers"] == readers]
+def med(source, readers, tag="plain"):
+    xs = [r["tokens_per_s"] for r in rows
+          if r["source"] == source and r["readers"] == readers and r["tag"] == tag]
     return statistics.median(xs)
 limit = med("direct", 2)
 print(f"dataset {int(tokens)*4/2**30:.2f} GiB u32, step files 32 x 2048 (262,272 bytes), "
       f"median of {reps} interleaved reps x {files} files, warm page cache")
-print(f"{'row':<44} {'M tokens/s':>11} {'files/s':>9} {'ratio':>6}")
-for label, source, readers in [
-    ("(1) direct pread of the same windows, 1 thread", "direct", 1),
-    ("(1) direct pread of the same windows, 2 threads", "direct", 2),
-    ("(3) mount, whole-file reads, 1 reader", "mount", 1),
-    ("(3) mount, whole-file reads, 2 readers", "mount", 2),
+print(f"{'row':<56} {'M tokens/s':>11} {'files/s':>9} {'ratio':>6}")
+for label, source, readers, tag in [
+    ("(1) direct pread of the same windows, 1 thread", "direct", 1, "plain"),
+    ("(1) direct pread of the same windows, 2 threads", "direct", 2, "plain"),
+    ("(3) mount, no cache, whole-file reads, 1 reader", "mount", 1, "plain"),
+    ("(3) mount, no cache, whole-file reads, 2 readers", "mount", 2, "plain"),
+    ("(3) mount, cache + prefetch (default), 1 reader", "mount", 1, "prefetch"),
+    ("(3) mount, cache + prefetch (default), 2 readers", "mount", 2, "prefetch"),
 ]:
-    t = med(source, readers)
-    print(f"{label:<44} {t/1e6:>11.1f} {t/65536:>9.0f} {t/limit:>6.2f}")
+    t = med(source, readers, tag)
+    print(f"{label:<56} {t/1e6:>11.1f} {t/65536:>9.0f} {t/limit:>6.2f}")
 PY
 rm -f "$results"
 
@@ -107,7 +120,7 @@ PY
   rm -f "$meta/docs.jsonl"
 fi
 "$bin" unmount "$mnt" >/dev/null
-"$bin" -q mount "$meta/dataset" "$mnt" "${mplan[@]}" --threads 2 >/dev/null
+"$bin" -q mount "$meta/dataset" "$mnt" "${mplan[@]}" --threads 2 --cache-size 0 >/dev/null
 mresults=$(mktemp)
 for rep in $(seq "$reps"); do
   for file in npy json; do

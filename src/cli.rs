@@ -138,8 +138,9 @@ pub struct MountArgs {
     /// Steps each rank's reader is followed ahead by background assembly (0 disables).
     #[arg(long, default_value_t = 4, help_heading = MOUNT_HEADING)]
     pub prefetch_depth: u64,
-    /// Threads assembling prefetched steps.
-    #[arg(long, default_value_t = 2, help_heading = MOUNT_HEADING)]
+    /// Threads assembling prefetched steps. On a node whose cores are all busy reading, more
+    /// workers only compete with the readers.
+    #[arg(long, default_value_t = 1, help_heading = MOUNT_HEADING)]
     pub prefetch_workers: usize,
 }
 

@@ -745,15 +745,9 @@ impl ShuffleFs {
                     // The reader's end-of-file probe: nothing to read, count or prefetch.
                     return Ok(());
                 }
-                if let Some(cache) = &self.cache {
-                    let bytes = match cache.get(key) {
-                        Some(bytes) => bytes,
-                        None => {
-                            let bytes: Arc<[u8]> = v.render_step_npy(key)?.into();
-                            cache.insert(key, bytes.clone(), false);
-                            bytes
-                        }
-                    };
+                // A hit is one memcpy; a miss reads just the requested range from the shards
+                // straight into the reply (only the prefetcher fills the cache).
+                if let Some(bytes) = self.cache.as_ref().and_then(|c| c.get(key)) {
                     copy_range(&bytes, offset, size, out);
                 } else {
                     out.resize((u64::from(size)).min(len - offset) as usize, 0);

@@ -90,13 +90,29 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
         config.acl = SessionACL::All;
     }
     config.n_threads = Some(options.threads.max(1));
-    let mut session = fuser::Session::new(adapter, &mountpoint, &config).map_err(|e| {
+    let source = format!("{SOURCE_PREFIX}{}", options.fsname.replace(',', "_"));
+    let cannot = |e: io::Error| {
         Error::io(
             &mountpoint,
             io::Error::new(e.kind(), format!("cannot mount: {e}")),
         )
-    })?;
-    let unmounter = session.unmount_callable();
+    };
+    // As root, shufflefs mounts by itself and hands the device to fuser: fuser 0.18 reads a
+    // disconnected device as still mounted and, when its session ends after an external
+    // unmount, unmounts *by path*, which would take down a newer mount at the same place.
+    // Without root the mount needs fusermount3, which only fuser's own path implements.
+    let (session, unmounter) = if nix::unistd::geteuid().is_root() {
+        let fd = mount_as_root(&mountpoint, &source, options.allow_other).map_err(cannot)?;
+        let session = fuser::Session::from_fd(adapter, fd, config.acl, config).map_err(|e| {
+            let _ = detach(&mountpoint);
+            cannot(e)
+        })?;
+        (session, None)
+    } else {
+        let mut session = fuser::Session::new(adapter, &mountpoint, &config).map_err(cannot)?;
+        let unmounter = session.unmount_callable();
+        (session, Some(unmounter))
+    };
     let thread = std::thread::Builder::new()
         .name("fuse-session".into())
         .spawn(move || session.run())
@@ -106,7 +122,7 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
     Ok(Mounted {
         mountpoint,
         mount_id,
-        unmounter: Some(unmounter),
+        unmounter,
         thread: Some(thread),
     })
 }
@@ -131,21 +147,33 @@ impl Mounted {
     fn shutdown(&mut self) -> Result<()> {
         let mut result = Ok(());
         let ended = self.thread.as_ref().is_none_or(|t| t.is_finished());
+        let ours = |m: &MountEntry| self.mount_id.is_some_and(|id| id == m.id);
+        let still_ours = || find_mount(&self.mountpoint).is_ok_and(|m| m.is_some_and(|m| ours(&m)));
         // Once the session has ended (someone unmounted us), the mount is gone: never touch
         // the mount point again, a newer mount may live there now.
-        if let Some(mut unmounter) = self.unmounter.take()
-            && !ended
-        {
-            if let Err(e) = unmounter.unmount() {
-                warn!(
-                    "unmount of {} failed ({e}); detaching lazily",
-                    self.mountpoint.display()
-                );
+        if !ended {
+            match self.unmounter.take() {
+                Some(mut unmounter) => {
+                    if let Err(e) = unmounter.unmount() {
+                        warn!(
+                            "unmount of {} failed ({e}); detaching lazily",
+                            self.mountpoint.display()
+                        );
+                    }
+                }
+                None if still_ours() => {
+                    if let Err(e) = nix::mount::umount(&self.mountpoint) {
+                        warn!(
+                            "unmount of {} failed ({e}); detaching lazily",
+                            self.mountpoint.display()
+                        );
+                    }
+                }
+                None => {}
             }
             // fuser reports success for some failed unmounts (the fusermount path): trust the
             // mount table, and detach our mount (by id) if it is still there.
-            let ours = |m: &MountEntry| self.mount_id.is_some_and(|id| id == m.id);
-            if find_mount(&self.mountpoint).is_ok_and(|m| m.is_some_and(|m| ours(&m))) {
+            if still_ours() {
                 result = detach(&self.mountpoint);
             }
         }
@@ -180,6 +208,41 @@ impl Drop for Mounted {
             warn!("{e}");
         }
     }
+}
+
+/// Mounts a FUSE filesystem at `mountpoint` with the mount syscall (root only) and returns
+/// the connected `/dev/fuse` descriptor.
+fn mount_as_root(
+    mountpoint: &Path,
+    source: &str,
+    allow_other: bool,
+) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::unix::fs::MetadataExt;
+    let device = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?;
+    let root_mode = fs::metadata(mountpoint)?.mode() & libc::S_IFMT;
+    let mut data = format!(
+        "fd={},rootmode={root_mode:o},user_id={},group_id={}",
+        std::os::fd::AsRawFd::as_raw_fd(&device),
+        nix::unistd::getuid().as_raw(),
+        nix::unistd::getgid().as_raw()
+    );
+    if allow_other {
+        data.push_str(",allow_other,default_permissions");
+    }
+    let flags = nix::mount::MsFlags::MS_RDONLY
+        | nix::mount::MsFlags::MS_NOSUID
+        | nix::mount::MsFlags::MS_NODEV;
+    nix::mount::mount(
+        Some(source),
+        mountpoint,
+        Some("fuse.shufflefs"),
+        flags,
+        Some(data.as_str()),
+    )?;
+    Ok(device.into())
 }
 
 /// What the mount table says about one mount.

@@ -40,7 +40,7 @@ impl Default for PrefetchConfig {
         // reads without spending much of the cache on steps far in the future.
         PrefetchConfig {
             depth: 4,
-            workers: 2,
+            workers: 1,
         }
     }
 }
