@@ -61,6 +61,10 @@ pub struct PackArgs {
     /// Do not show a progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Write only the manifest and reference the raw input files as shards, without copying
+    /// a byte (they must not change afterwards; a mount refuses a modified file).
+    #[arg(long)]
+    pub in_place: bool,
     /// Upper bound of each shard file (bytes; suffixes KiB MiB GiB TiB).
     #[arg(long, default_value = "1GiB")]
     pub shard_size: String,

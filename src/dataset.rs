@@ -166,6 +166,14 @@ impl Shard {
     }
 }
 
+/// Modification time in nanoseconds since the epoch.
+pub fn mtime_ns(meta: &std::fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    (meta.mtime() as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(meta.mtime_nsec() as u64)
+}
+
 fn shard_open_error(path: &Path, e: &io::Error) -> Error {
     let message = match e.raw_os_error() {
         Some(libc::ENOENT) => {
@@ -228,6 +236,15 @@ impl Dataset {
             let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
             if !meta.is_file() {
                 return Err(Error::dataset(&path, "shard is not a regular file"));
+            }
+            if let Some(want) = entry.in_place_mtime_ns
+                && mtime_ns(&meta) != want
+            {
+                return Err(Error::dataset(
+                    &path,
+                    "this file is referenced in place and was modified after `pack \
+                     --in-place`: re-run it to reference the new content",
+                ));
             }
             if meta.len() != entry.bytes {
                 return Err(Error::dataset(
@@ -559,6 +576,7 @@ mod tests {
                 bytes: len,
                 hash: format_hash(0),
                 docs: None,
+                in_place_mtime_ns: None,
             });
             shards.push(Shard::new(format!("s{i}"), len, Arc::new(bytes)));
         }

@@ -49,6 +49,12 @@ pub struct ShardEntry {
     /// The shard's document and metadata files, when the dataset has documents.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub docs: Option<ShardDocs>,
+    /// For a shard referenced in place (`pack --in-place`): the file's modification time in
+    /// nanoseconds since the epoch when it was packed. `path` is then an absolute path and
+    /// `hash` hashes the identity (path, size, mtime) instead of the content, which pack never
+    /// reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_place_mtime_ns: Option<u64>,
 }
 
 /// Per-shard document and metadata files (see docs/FORMAT.md):
@@ -163,8 +169,18 @@ impl Manifest {
         }
         let mut total: u64 = 0;
         for (i, shard) in self.shards.iter().enumerate() {
-            check_shard_path(&shard.path)
-                .map_err(|e| dataset_err(format!("shards[{i}].path: {e}")))?;
+            match shard.in_place_mtime_ns {
+                None => check_shard_path(&shard.path),
+                Some(_) if shard.docs.is_some() => {
+                    Err("an in-place shard cannot have document files".to_string())
+                }
+                Some(_) if Path::new(&shard.path).is_absolute() => Ok(()),
+                Some(_) => Err(format!(
+                    "{:?} of an in-place shard must be absolute",
+                    shard.path
+                )),
+            }
+            .map_err(|e| dataset_err(format!("shards[{i}].path: {e}")))?;
             if shard.records == 0 {
                 return fail(format!("shards[{i}] ({}) has no records", shard.path));
             }
@@ -278,6 +294,16 @@ fn check_shard_path(p: &str) -> std::result::Result<(), String> {
             "{p:?} must be a plain file name inside the dataset directory"
         )),
     }
+}
+
+/// The identity hash of a shard referenced in place: its absolute path, size and mtime.
+pub fn in_place_hash(path: &str, bytes: u64, mtime_ns: u64) -> String {
+    let mut h = ContentHasher::new();
+    h.update(path.as_bytes());
+    h.update(&[0]);
+    h.update(&bytes.to_le_bytes());
+    h.update(&mtime_ns.to_le_bytes());
+    format_hash(h.finish())
 }
 
 /// The dataset identity over all shards: hash of each shard's size and content hash, in
@@ -395,6 +421,7 @@ mod tests {
                 bytes: 40,
                 hash: format_hash(1),
                 docs: None,
+                in_place_mtime_ns: None,
             },
             ShardEntry {
                 path: shard_name("p", 1),
@@ -402,6 +429,7 @@ mod tests {
                 bytes: 20,
                 hash: format_hash(2),
                 docs: None,
+                in_place_mtime_ns: None,
             },
         ];
         Manifest {
@@ -453,6 +481,13 @@ mod tests {
         check(&|m| m.records = 16, "records is 16");
         check(&|m| m.shards[1].bytes = 21, "bytes 21");
         check(&|m| m.shards[0].path = "../x.bin".into(), "plain file name");
+        check(
+            &|m| {
+                m.shards[0].path = "rel.bin".into();
+                m.shards[0].in_place_mtime_ns = Some(1);
+            },
+            "must be absolute",
+        );
         check(
             &|m| m.shards[0].path = "/etc/passwd".into(),
             "plain file name",

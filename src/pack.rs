@@ -48,7 +48,7 @@ const CHUNK: usize = 8 << 20;
 const MAX_ENTRIES: u64 = 1 << 32;
 
 /// Options of `shufflefs pack`.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct PackOptions {
     /// The token type (`--dtype`); required unless an `.npy` input defines the record type.
     pub dtype: Option<ScalarType>,
@@ -63,6 +63,19 @@ pub struct PackOptions {
     /// Metadata entries per shard before pack starts a new shard (default and maximum 2^32,
     /// the range of the u32 ids; smaller values exist for tests).
     pub max_entries_per_shard: Option<u64>,
+}
+
+impl Default for PackOptions {
+    fn default() -> Self {
+        PackOptions {
+            dtype: None,
+            shard_size: DEFAULT_SHARD_SIZE,
+            force: false,
+            doc_sep: None,
+            progress: false,
+            max_entries_per_shard: None,
+        }
+    }
 }
 
 /// Parses a byte size: a number with an optional binary suffix (`K`/`KiB`, `M`/`MiB`,
@@ -351,7 +364,9 @@ pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Man
             // The new manifest is in place: files only the old one referenced are garbage.
             if let Some(old) = old {
                 let keep: Vec<&str> = new.shards.iter().flat_map(shard_files).collect();
-                for f in old.shards.iter().flat_map(shard_files) {
+                // Files referenced in place belong to the user: never delete them.
+                let owned = old.shards.iter().filter(|s| s.in_place_mtime_ns.is_none());
+                for f in owned.flat_map(shard_files) {
                     if !keep.contains(&f) {
                         let _ = fs::remove_file(dir.join(f));
                     }
@@ -967,6 +982,7 @@ impl Writer {
             bytes: shard.bytes,
             hash: format::format_hash(shard.hasher.finish()),
             docs,
+            in_place_mtime_ns: None,
         });
         Ok(())
     }
@@ -1046,6 +1062,90 @@ fn write_manifest(
         );
     }
     Ok(manifest)
+}
+
+/// `shufflefs pack --in-place`: writes only a manifest that references the raw input files
+/// themselves as shards, without reading or copying a byte. Each file is pinned by absolute
+/// path, size and modification time; a mount refuses a file that changed since.
+pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Manifest> {
+    if inputs.is_empty() {
+        return Err(Error::invalid("no INPUT files given"));
+    }
+    let dtype = options
+        .dtype
+        .ok_or_else(|| Error::invalid("--in-place needs --dtype (the token type)"))?;
+    if options.doc_sep.is_some() {
+        return Err(Error::invalid(
+            "--in-place cannot split documents (--doc-sep): documents need files pack writes",
+        ));
+    }
+    let record = RecordType::scalar(dtype);
+    let itemsize = record.itemsize() as u64;
+    let mut shards = Vec::new();
+    for input in inputs {
+        let abs = input.canonicalize().map_err(|e| Error::io(input, e))?;
+        let meta = fs::metadata(&abs).map_err(|e| Error::io(&abs, e))?;
+        if !meta.is_file() {
+            return Err(Error::invalid(format!(
+                "{}: not a regular file",
+                abs.display()
+            )));
+        }
+        if is_jsonl(&abs) || has_npy_magic(&abs) {
+            return Err(Error::invalid(format!(
+                "{}: --in-place references raw token files only (not .npy or JSON Lines); \
+                 pack it without --in-place",
+                abs.display()
+            )));
+        }
+        let bytes = meta.len();
+        if bytes == 0 || bytes % itemsize != 0 {
+            return Err(Error::invalid(format!(
+                "{}: {bytes} bytes is not a positive whole number of {dtype} tokens",
+                abs.display()
+            )));
+        }
+        let path = abs
+            .to_str()
+            .ok_or_else(|| Error::invalid(format!("{}: path is not UTF-8", abs.display())))?
+            .to_string();
+        let mtime = crate::dataset::mtime_ns(&meta);
+        shards.push(ShardEntry {
+            hash: format::in_place_hash(&path, bytes, mtime),
+            path,
+            records: bytes / itemsize,
+            bytes,
+            docs: None,
+            in_place_mtime_ns: Some(mtime),
+        });
+    }
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::invalid(format!(
+            "{}: DATASET_DIR exists and is not a directory",
+            dir.display()
+        )));
+    }
+    fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    if dir.join(MANIFEST).exists() && !options.force {
+        return Err(Error::invalid(format!(
+            "{} already holds a dataset ({MANIFEST} exists): choose another directory or \
+             pass --force to replace it",
+            dir.display()
+        )));
+    }
+    let mut written = Written::default();
+    let result = write_manifest(dir, shards, &record, None, false, &mut written);
+    if result.is_err() {
+        written.cleanup();
+    }
+    result
+}
+
+fn has_npy_magic(path: &Path) -> bool {
+    let mut magic = [0u8; 6];
+    File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| &magic == npy::MAGIC)
 }
 
 /// Writes `tokens` positional tokens of `dtype` to `path` (token `i` has value `i` modulo the

@@ -3,7 +3,7 @@
 use crate::cli::PackArgs;
 use crate::dtype::ScalarType;
 use crate::error::{Error, Result};
-use crate::pack::{PackOptions, pack, parse_size};
+use crate::pack::{PackOptions, pack, pack_in_place, parse_size};
 
 /// Runs `pack`.
 pub fn run(args: PackArgs) -> Result<()> {
@@ -27,7 +27,11 @@ pub fn run(args: PackArgs) -> Result<()> {
         progress: !args.no_progress,
         max_entries_per_shard: None,
     };
-    let m = pack(&args.dataset_dir, &args.inputs, &options)?;
+    let m = if args.in_place {
+        pack_in_place(&args.dataset_dir, &args.inputs, &options)?
+    } else {
+        pack(&args.dataset_dir, &args.inputs, &options)?
+    };
     let docs = match m.documents {
         Some(n) => format!(
             ", {n} documents{}",

@@ -8,3 +8,4 @@ mod common;
 mod model;
 mod mounted;
 mod records;
+mod scale;

@@ -1,0 +1,125 @@
+//! In-place datasets and scale: nothing at mount grows with the dataset.
+
+use std::fs;
+
+use shufflefs::dtype::ScalarType;
+use shufflefs::fs::ShuffleFs;
+use shufflefs::pack::{PackOptions, pack_in_place, write_positional};
+use shufflefs::plan::StepKey;
+use shufflefs::view::View;
+
+use crate::common::*;
+
+fn in_place_options() -> PackOptions {
+    PackOptions {
+        dtype: Some(ScalarType::U32),
+        ..PackOptions::default()
+    }
+}
+
+#[test]
+fn in_place_dataset_serves_the_same_bytes_as_a_packed_one() {
+    let packed = Positional::new(30_000, 8192);
+    let dir = tempfile::tempdir().unwrap();
+    // The same stream as two raw files referenced in place.
+    let a = dir.path().join("a.bin");
+    let b = dir.path().join("b.bin");
+    write_positional(&a, ScalarType::U32, 30_000).unwrap();
+    let all = fs::read(&a).unwrap();
+    fs::write(&a, &all[..50_000]).unwrap();
+    fs::write(&b, &all[50_000..]).unwrap();
+    let ds = dir.path().join("ds");
+    let m = pack_in_place(&ds, &[a.clone(), b.clone()], &in_place_options()).unwrap();
+    assert_eq!(m.records, 30_000);
+    assert_eq!(
+        fs::read_dir(&ds).unwrap().count(),
+        1,
+        "only the manifest is written"
+    );
+    let cfg = config(33, 32, 4, 3, 8, 2);
+    let reference = packed.fs(&cfg);
+    let in_place = ShuffleFs::new(View::open(&ds, &cfg).unwrap()).unwrap();
+    let plan = reference.view().plan().clone();
+    for epoch in 0..2 {
+        for rank in 0..3 {
+            for step in 0..plan.steps_per_epoch() {
+                let key = StepKey { epoch, rank, step };
+                assert_eq!(
+                    in_place.view().render_step_npy(key).unwrap(),
+                    reference.view().render_step_npy(key).unwrap()
+                );
+            }
+        }
+    }
+    // A referenced file that changes afterwards is refused, naming it.
+    fs::write(&b, &all[50_000..all.len() - 4]).unwrap();
+    let err = View::open(&ds, &cfg).unwrap_err().to_string();
+    assert!(err.contains("b.bin"), "{err}");
+    // Replacing an in-place dataset never deletes the referenced files.
+    fs::write(&b, &all[50_000..]).unwrap();
+    let force = PackOptions {
+        force: true,
+        ..in_place_options()
+    };
+    shufflefs::pack::pack(&ds, &[a.clone()], &force).unwrap();
+    assert!(a.exists() && b.exists());
+    // Inputs pack never copies must be raw.
+    let npy =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokens_u2_1d.npy");
+    let err = pack_in_place(&dir.path().join("x"), &[npy], &in_place_options()).unwrap_err();
+    assert!(err.to_string().contains("raw token files only"), "{err}");
+}
+
+#[test]
+fn a_4_tib_sparse_dataset_mounts_and_serves_step_0() {
+    // Four sparse 1 TiB files: 1.1 T u32 tokens. Nothing at mount reads or indexes them.
+    let dir = tempfile::tempdir().unwrap();
+    let mut inputs = Vec::new();
+    for i in 0..4 {
+        let p = dir.path().join(format!("part{i}.bin"));
+        let f = fs::File::create(&p).unwrap();
+        if f.set_len(1 << 40).is_err() {
+            eprintln!("skipped: this filesystem has no sparse 1 TiB files");
+            return;
+        }
+        inputs.push(p);
+    }
+    // Make the first window of each part recognisable.
+    for (i, p) in inputs.iter().enumerate() {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.write_all_at(&(i as u32 + 1).to_le_bytes(), 0).unwrap();
+    }
+    let ds = dir.path().join("ds");
+    let m = pack_in_place(&ds, &inputs, &in_place_options()).unwrap();
+    assert_eq!(m.records, 1 << 40);
+    let cfg = config(2049, 2048, 32, 64, 1, 2);
+    let fs = ShuffleFs::new(View::open(&ds, &cfg).unwrap()).unwrap();
+    let info = fs.view().info().clone();
+    assert_eq!(info.n_tokens, 1 << 40);
+    assert_eq!(info.n_observations, ((1u64 << 40) - 2049) / 2048 + 1);
+    let key = StepKey {
+        epoch: 1,
+        rank: 63,
+        step: info.steps_per_epoch - 1,
+    };
+    let bytes = fs.view().render_step_npy(key).unwrap();
+    assert_eq!(bytes.len() as u64, info.step_file_bytes);
+    // The observation starting at a part boundary shows that part's marker.
+    let first_of_part2 = (2u64 << 40) / 4 / 2048; // observation whose window starts part 2
+    let placement = fs.view().plan().locate(0, first_of_part2).unwrap();
+    let key = StepKey {
+        epoch: 0,
+        rank: placement.rank,
+        step: placement.step,
+    };
+    let bytes = fs.view().render_step_npy(key).unwrap();
+    let row = (info.npy_header_bytes + placement.row * 2049 * 4) as usize;
+    assert_eq!(&bytes[row..row + 4], &3u32.to_le_bytes());
+    if fuse_available() {
+        let m = TestMount::new(fs);
+        let got = fs::read(m.step(0, placement.rank, placement.step, "npy")).unwrap();
+        assert_eq!(got, bytes);
+        m.unmount();
+    }
+}
