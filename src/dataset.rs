@@ -177,7 +177,7 @@ pub fn mtime_ns(meta: &std::fs::Metadata) -> u64 {
 fn shard_open_error(path: &Path, e: &io::Error) -> Error {
     let message = match e.raw_os_error() {
         Some(libc::ENOENT) => {
-            "shard listed in the manifest is missing; restore it or re-run `shufflefs pack`"
+            "file listed in the manifest is missing; restore it or re-run `shufflefs pack`"
                 .to_string()
         }
         Some(libc::ELOOP) => "shard is a symbolic link, which shufflefs refuses to follow; \
@@ -438,7 +438,9 @@ impl Dataset {
         let doc = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
         let entry = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
         let meta = std::str::from_utf8(&bytes[16..])
-            .map_err(|_| self.corrupt(d.meta.path(), "metadata is not UTF-8"))?;
+            .ok()
+            .filter(|m| serde_json::from_str::<&serde_json::value::RawValue>(m).is_ok())
+            .ok_or_else(|| self.corrupt(d.meta.path(), "metadata entry is not valid JSON"))?;
         Ok((doc, entry, meta))
     }
 

@@ -1,8 +1,8 @@
 //! Record types: what one element of the token stream is, and how numpy spells it.
 //!
-//! A dataset stores a flat stream of fixed-size little-endian records. Today a record is one
-//! scalar (a token id); the type is a list of fields so that multi-field records (token plus
-//! per-token concept or loss mask, numpy structured dtypes) extend it without a new type.
+//! A dataset stores a flat stream of fixed-size little-endian records. A record is one scalar
+//! (a token id) or a numpy structured dtype of named scalar fields (token plus per-token
+//! concept or loss mask, ...), the first field being the token.
 
 use std::fmt;
 

@@ -133,7 +133,7 @@ impl fmt::Display for Error {
             } => write!(
                 f,
                 "{}: short read at offset {offset}: wanted {wanted} bytes, got {got}; \
-                 the shard changed after it was packed (re-pack or restore it)",
+                 the file changed after it was packed (re-pack or restore it)",
                 path.display()
             ),
             Error::Io {

@@ -526,6 +526,11 @@ fn write_jsonl(writer: &mut Writer, path: &Path) -> Result<()> {
         if line.trim().is_empty() {
             return Err(at("empty line: every line must be one JSON document".into()));
         }
+        if !line.trim_start().starts_with('{') {
+            return Err(at(
+                "not a valid document: expected a JSON object {\"tokens\": [...], ...}".into(),
+            ));
+        }
         let doc: JsonDoc<'_> = serde_json::from_str(&line).map_err(|e| {
             let why = e.to_string();
             if why.contains("missing field `tokens`") {

@@ -98,7 +98,8 @@ pub struct Info {
     pub n_observations: u64,
     /// Documents in the dataset (null without document structure).
     pub n_documents: Option<u64>,
-    /// Whether documents or spans carry metadata (then `S.json` has `rows`).
+    /// Whether documents or spans carry metadata. (`S.json` has `rows` whenever the dataset
+    /// has documents.)
     pub metadata: bool,
     /// Records per observation (row length).
     pub window: u64,
@@ -236,10 +237,14 @@ impl View {
             };
             return Err(Error::invalid(format!(
                 "{what}, fewer than one global batch of {} (batch size {} x {} ranks): \
-                 nothing to serve; lower --window, --batch-size or --ranks",
+                 nothing to serve; lower {}",
                 plan.global_batch(),
                 config.batch_size,
-                config.ranks
+                config.ranks,
+                match config.mode {
+                    Mode::Stream => "--window, --batch-size or --ranks",
+                    Mode::Documents => "--batch-size or --ranks",
+                }
             )));
         }
         // Every file must be numberable (see fs.rs); checked here so `plan` and `bench` refuse

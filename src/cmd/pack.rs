@@ -34,7 +34,8 @@ pub fn run(args: PackArgs) -> Result<()> {
     };
     let docs = match m.documents {
         Some(n) => format!(
-            ", {n} documents{}",
+            ", {n} document{}{}",
+            if n == 1 { "" } else { "s" },
             if m.metadata { " with metadata" } else { "" }
         ),
         None => String::new(),

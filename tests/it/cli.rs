@@ -295,7 +295,7 @@ fn mount_refuses_broken_datasets_naming_the_file() {
     fs::remove_file(&shard).unwrap();
     let o = mount(&ds);
     assert!(
-        stderr(&o).contains(&format!("{name}: shard listed in the manifest is missing")),
+        stderr(&o).contains(&format!("{name}: file listed in the manifest is missing")),
         "{}",
         stderr(&o)
     );

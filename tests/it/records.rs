@@ -455,6 +455,10 @@ fn bad_jsonl_is_refused_with_the_line_and_leaves_nothing() {
             "docs.jsonl:1: span 1 [0, 1) overlaps",
         ),
         ("{\"tokens\": []}\n", "docs.jsonl:1: \"tokens\" is empty"),
+        (
+            "[[1, 2], null, []]\n",
+            "docs.jsonl:1: not a valid document: expected a JSON object",
+        ),
         ("{\"tokens\": [1]}\n\n", "docs.jsonl:2: empty line"),
         (
             "{\"tokens\": [1], \"extra\": 2}\n",

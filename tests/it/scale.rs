@@ -61,7 +61,7 @@ fn in_place_dataset_serves_the_same_bytes_as_a_packed_one() {
         force: true,
         ..in_place_options()
     };
-    shufflefs::pack::pack(&ds, &[a.clone()], &force).unwrap();
+    shufflefs::pack::pack(&ds, std::slice::from_ref(&a), &force).unwrap();
     assert!(a.exists() && b.exists());
     // Inputs pack never copies must be raw.
     let npy =
