@@ -35,19 +35,20 @@ bin=$PWD/target/release/shufflefs
 work=$PWD/target/bench/t$tokens
 plan=(--window 2048 --batch-size 32 --ranks 1 --epochs 64 --seed 7)
 # A dataset left by an older build (other format version) is rebuilt.
-"$bin" inspect "$work/dataset" >/dev/null 2>&1 || rm -rf "$work"
+{ [ -f "$work/tokens.bin" ] && "$bin" inspect "$work/dataset" >/dev/null 2>&1; } || rm -rf "$work"
 if [ ! -f "$work/dataset/manifest.json" ]; then
   mkdir -p "$work"
   "$bin" synth "$work/tokens.bin" --tokens "$tokens" --dtype u32 >/dev/null
-  "$bin" pack "$work/dataset" "$work/tokens.bin" --dtype u32 --shard-size 256MiB >/dev/null
-  rm -f "$work/tokens.bin"
+  # In place: the token file itself is the shard (the naive loader below reads it too).
+  "$bin" pack "$work/dataset" "$work/tokens.bin" --dtype u32 --in-place >/dev/null
 fi
-cat "$work"/dataset/shard-*.bin > /dev/null   # make the shards resident: measure CPU paths
+cat "$work/tokens.bin" > /dev/null   # make the data resident: measure CPU paths
 
 mnt=$(mktemp -d)
 pmnt=$(mktemp -d)
+smnt=$(mktemp -d)
 cleanup() {
-  for m in "$mnt" "$pmnt"; do
+  for m in "$mnt" "$pmnt" "$smnt"; do
     "$bin" unmount "$m" >/dev/null 2>&1 || "$bin" unmount --lazy "$m" >/dev/null 2>&1
     rmdir "$m"
   done
@@ -56,17 +57,66 @@ trap cleanup EXIT
 # Plain read path (no cache), and the default mount (step cache + prefetch).
 "$bin" -q mount "$work/dataset" "$mnt" "${plan[@]}" --threads 2 --cache-size 0 >/dev/null
 "$bin" -q mount "$work/dataset" "$pmnt" "${plan[@]}" --threads 2 >/dev/null
+# FUSE's own ceiling: every step read answered from one in-memory file.
+"$bin" -q mount "$work/dataset" "$smnt" "${plan[@]}" --threads 2 --cache-size 0 --stub-reads \
+  >/dev/null 2>&1
 
 results=$(mktemp)
 for rep in $(seq "$reps"); do
-  for row in "direct 1 -" "direct 2 -" "mount 1 $mnt" "mount 2 $mnt" "mount 1 $pmnt" "mount 2 $pmnt"; do
+  for row in "direct 1 -" "direct 2 -" "mount 1 $smnt" "mount 2 $smnt" "mount 1 $mnt" \
+    "mount 2 $mnt" "mount 1 $pmnt" "mount 2 $pmnt"; do
     set -- $row
     extra=()
     if [ "$1" = mount ]; then extra=(--mountpoint "$3"); fi
-    tag=plain; if [ "$3" = "$pmnt" ]; then tag=prefetch; fi
+    tag=plain
+    if [ "$3" = "$pmnt" ]; then tag=prefetch; fi
+    if [ "$3" = "$smnt" ]; then tag=stub; fi
     "$bin" bench "$work/dataset" "${plan[@]}" --source "$1" --readers "$2" --files "$files" \
       "${extra[@]}" | sed "s/^{/{\"tag\":\"$tag\",/" >> "$results"
   done
+done
+
+# (4) Python consumers through the mount and (5) the naive numpy loader, one process each.
+if ! python3 -c "import numpy" >/dev/null 2>&1; then
+  pip install -q numpy >/dev/null 2>&1 || echo "(numpy not installable: Python rows skipped)"
+fi
+pyfiles=$((files / 2))
+for rep in $(seq "$reps"); do
+  python3 - "$mnt" "$work/tokens.bin" "$pyfiles" >> "$results" <<'PY' || true
+import json, sys, time
+import numpy as np
+mnt, tokens, files = sys.argv[1], sys.argv[2], int(sys.argv[3])
+info = json.load(open(f"{mnt}/info.json"))
+B, W, S = info["batch_size"], info["window"], info["stride"]
+spe = info["steps_per_epoch"]
+paths = [f"{mnt}/epoch/{i // spe}/rank/0/step/{i % spe}.npy" for i in range(files)]
+def emit(tag, secs, n):
+    print(json.dumps({"source": "python", "tag": tag, "readers": 1, "files": n,
+                      "secs": secs, "tokens_per_s": n * B * W / secs}))
+t = time.perf_counter()
+for p in paths:
+    a = np.load(p)
+emit("np.load", time.perf_counter() - t, files)
+buf = bytearray(info["step_file_bytes"])
+t = time.perf_counter()
+for p in paths:
+    with open(p, "rb", buffering=0) as f:
+        f.readinto(buf)
+    a = np.frombuffer(buf, dtype=info["dtype"], offset=info["npy_header_bytes"]).reshape(B, W)
+emit("readinto", time.perf_counter() - t, files)
+# The loader people write by hand: memmap + a full permutation, gathering the same windows.
+t = time.perf_counter()
+data = np.memmap(tokens, dtype=np.uint32, mode="r")
+n_obs = (len(data) - W) // S + 1
+order = np.random.default_rng(7).permutation(n_obs)
+startup = time.perf_counter() - t
+for b in range(files):
+    idx = order[(b * B) % (n_obs - B):][:B]
+    batch = np.stack([data[i * S:i * S + W] for i in idx])
+emit("naive", time.perf_counter() - t, files)
+print(json.dumps({"source": "python", "tag": "naive_startup", "readers": 1, "files": 0,
+                  "secs": startup, "tokens_per_s": 0}))
+PY
 done
 
 python3 - "$results" "$tokens" "$reps" "$files" <<'PY'
@@ -80,19 +130,73 @@ def med(source, readers, tag="plain"):
 limit = med("direct", 2)
 print(f"dataset {int(tokens)*4/2**30:.2f} GiB u32, step files 32 x 2048 (262,272 bytes), "
       f"median of {reps} interleaved reps x {files} files, warm page cache")
-print(f"{'row':<56} {'M tokens/s':>11} {'files/s':>9} {'ratio':>6}")
+print(f"{'row':<62} {'M tokens/s':>11} {'files/s':>9} {'ratio':>6}")
 for label, source, readers, tag in [
     ("(1) direct pread of the same windows, 1 thread", "direct", 1, "plain"),
     ("(1) direct pread of the same windows, 2 threads", "direct", 2, "plain"),
+    ("(2) mount, stub replies from memory (FUSE ceiling), 1 reader", "mount", 1, "stub"),
+    ("(2) mount, stub replies from memory (FUSE ceiling), 2 readers", "mount", 2, "stub"),
     ("(3) mount, no cache, whole-file reads, 1 reader", "mount", 1, "plain"),
     ("(3) mount, no cache, whole-file reads, 2 readers", "mount", 2, "plain"),
     ("(3) mount, cache + prefetch (default), 1 reader", "mount", 1, "prefetch"),
     ("(3) mount, cache + prefetch (default), 2 readers", "mount", 2, "prefetch"),
 ]:
     t = med(source, readers, tag)
-    print(f"{label:<56} {t/1e6:>11.1f} {t/65536:>9.0f} {t/limit:>6.2f}")
+    print(f"{label:<62} {t/1e6:>11.1f} {t/65536:>9.0f} {t/limit:>6.2f}")
+py = [r for r in rows if r["source"] == "python"]
+if py:
+    for label, tag in [
+        ("(4) Python through the mount: np.load", "np.load"),
+        ("(4) Python through the mount: readinto + frombuffer", "readinto"),
+        ("(5) naive numpy memmap + rng.permutation loader", "naive"),
+    ]:
+        t = statistics.median(r["tokens_per_s"] for r in py if r["tag"] == tag)
+        print(f"{label:<62} {t/1e6:>11.1f} {t/65536:>9.0f} {t/limit:>6.2f}")
+    naive = statistics.median(r["tokens_per_s"] for r in py if r["tag"] == "naive")
+    ri = statistics.median(r["tokens_per_s"] for r in py if r["tag"] == "readinto")
+    st = statistics.median(r["secs"] for r in py if r["tag"] == "naive_startup")
+    print(f"    readinto consumer vs naive loader: {ri / naive:.2f}x; "
+          f"naive loader startup (memmap + permutation): {st * 1000:.0f} ms")
 PY
 rm -f "$results"
+
+# --- (6) time to mount + first step, and daemon memory, at 1 GiB and 4 TiB (sparse) ---------
+big=$PWD/target/bench/sparse4t
+if [ ! -f "$big/dataset/manifest.json" ]; then
+  rm -rf "$big"; mkdir -p "$big"
+  for i in 0 1 2 3; do truncate -s 1T "$big/part$i.bin"; done
+  "$bin" pack "$big/dataset" "$big"/part*.bin --dtype u32 --in-place >/dev/null
+fi
+echo
+echo "(6) mount + first step (median of 5), daemon RSS after reading $((files / 2)) step files"
+for ds in "$work/dataset" "$big/dataset"; do
+  mt=$(mktemp -d)
+  times=()
+  for rep in 1 2 3 4 5; do
+    t0=$(date +%s%N)
+    "$bin" -q mount "$ds" "$mt" "${plan[@]}" --threads 2 > "$mt.out"
+    cat "$mt/epoch/0/rank/0/step/0.npy" > /dev/null
+    t1=$(date +%s%N)
+    times+=($(( (t1 - t0) / 1000 )))
+    pid=$(sed -n 's/.*daemon pid \([0-9]*\).*/\1/p' "$mt.out")
+    if [ "$rep" = 5 ]; then
+      "$bin" bench "$ds" "${plan[@]}" --source mount --mountpoint "$mt" --files $((files / 2)) \
+        >/dev/null
+      rss=$(awk '/VmRSS/ {print $2}' "/proc/$pid/status")
+    fi
+    "$bin" unmount "$mt" >/dev/null
+    while [ -d "/proc/$pid" ] && ! grep -q ") Z " "/proc/$pid/stat" 2>/dev/null; do sleep 0.01; done
+  done
+  med=$(printf '%s\n' "${times[@]}" | sort -n | sed -n 3p)
+  size=$("$bin" inspect "$ds" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["bytes"])')
+  printf '  %-6s dataset: mount + first step %6.1f ms, daemon RSS %6.1f MiB (cache 256 MiB)\n' \
+    "$(numfmt --to=iec "$size")" "$(awk "BEGIN { print $med / 1000 }")" \
+    "$(awk "BEGIN { print $rss / 1024 }")"
+  rm -f "$mt.out"; rmdir "$mt"
+done
+echo
+"$bin" bench "$work/dataset" "${plan[@]}" --source permutation --files "$((quick == 1 ? 5 : 50))" \
+  | python3 -c 'import json,sys; d=json.load(sys.stdin); print("permutation: %.1f M indices/s on one core (domain %d)" % (d["indices_per_s"] / 1e6, d["domain"]))'
 
 # --- metadata: S.json rows on short documents ------------------------------------------
 docs=200000; mfiles=1000

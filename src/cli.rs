@@ -142,6 +142,10 @@ pub struct MountArgs {
     /// Steps each rank's reader is followed ahead by background assembly (0 disables).
     #[arg(long, default_value_t = 4, help_heading = MOUNT_HEADING)]
     pub prefetch_depth: u64,
+    /// Benchmarking only: answer every step read from one in-memory file (wrong data!) to
+    /// measure FUSE's own ceiling.
+    #[arg(long, hide = true)]
+    pub stub_reads: bool,
     /// Threads assembling prefetched steps. On a node whose cores are all busy reading, more
     /// workers only compete with the readers.
     #[arg(long, default_value_t = 1, help_heading = MOUNT_HEADING)]
@@ -207,6 +211,8 @@ pub enum BenchSource {
     Direct,
     /// Read whole step files through a mount (`--mountpoint`).
     Mount,
+    /// Time the permutation alone: `--files` million indices on one thread.
+    Permutation,
 }
 
 /// `shufflefs bench`.

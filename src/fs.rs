@@ -354,6 +354,8 @@ pub struct ShuffleFs {
     /// Finished step files (none: every read assembles its range from the shards).
     cache: Option<Arc<StepCache>>,
     prefetcher: Option<Prefetcher>,
+    /// Benchmarking only: every step read is answered from this one file.
+    stub: Option<Arc<[u8]>>,
     inodes: Inodes,
     /// Recently rendered JSON files. A JSON file is rendered for `stat` (its size) and again
     /// for each READ (a reader's last READ, at EOF, included); with metadata rows that costs
@@ -381,6 +383,7 @@ impl ShuffleFs {
             view: Arc::new(view),
             cache: None,
             prefetcher: None,
+            stub: None,
             inodes,
             json_cache: Mutex::new(LruCache::new(
                 NonZeroUsize::new(JSON_CACHE_ENTRIES).expect("non-zero"),
@@ -410,6 +413,18 @@ impl ShuffleFs {
         }
         self.cache = Some(cache);
         self
+    }
+
+    /// Benchmarking only: answers every step read with step 0 of epoch 0, rank 0, from
+    /// memory, so a benchmark measures the FUSE transport alone. Serves wrong data.
+    pub fn with_stub_reads(mut self) -> Result<ShuffleFs> {
+        let key = StepKey {
+            epoch: 0,
+            rank: 0,
+            step: 0,
+        };
+        self.stub = Some(self.view.render_step_npy(key)?.into());
+        Ok(self)
     }
 
     /// The step cache, if enabled.
@@ -747,6 +762,10 @@ impl ShuffleFs {
                 }
                 // A hit is one memcpy; a miss reads just the requested range from the shards
                 // straight into the reply (only the prefetcher fills the cache).
+                if let Some(stub) = &self.stub {
+                    copy_range(stub, offset, size, out);
+                    return Ok(());
+                }
                 if let Some(bytes) = self.cache.as_ref().and_then(|c| c.get(key)) {
                     copy_range(&bytes, offset, size, out);
                 } else {

@@ -19,6 +19,9 @@ use crate::view::{View, ViewConfig};
 /// Runs `bench`.
 pub fn run(args: BenchArgs) -> Result<()> {
     let view = View::open(&args.dataset_dir, &ViewConfig::from(&args.plan))?;
+    if args.source == BenchSource::Permutation {
+        return bench_permutation(&view, args.files);
+    }
     let plan = view.plan();
     let per_epoch = plan.steps_per_epoch() * plan.ranks();
     let available = per_epoch * plan.epochs();
@@ -40,6 +43,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             return Err(Error::invalid("--source mount needs --mountpoint"));
         }
         (BenchSource::Direct, _) => None,
+        (BenchSource::Permutation, _) => unreachable!("handled above"),
     };
     let len = view.step_npy_len() as usize;
     let syscalls_before = read_syscalls();
@@ -84,10 +88,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
         )));
     }
     let tokens = args.files * plan.batch_size() * view.info().window;
-    println!(
+    say!(
         "{}",
         serde_json::json!({
-            "source": match args.source { BenchSource::Direct => "direct", BenchSource::Mount => "mount" },
+            "source": match args.source {
+                BenchSource::Direct => "direct",
+                BenchSource::Mount => "mount",
+                BenchSource::Permutation => "permutation",
+            },
             "file": match args.file { BenchFile::Npy => "npy", BenchFile::Json => "json" },
             "readers": readers,
             "files": args.files,
@@ -97,6 +105,37 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "tokens_per_s": tokens as f64 / secs,
             "mib_per_s": bytes as f64 / secs / (1 << 20) as f64,
             "read_syscalls_per_file": syscalls.map(|n| n as f64 / args.files as f64),
+        })
+    );
+    Ok(())
+}
+
+/// `--files` million permutation indices on one thread (the cost of the shuffle itself).
+fn bench_permutation(view: &View, millions: u64) -> Result<()> {
+    let plan = view.plan();
+    let perm = plan.permutation(0);
+    let n = millions * 1_000_000;
+    let domain = plan.n_observations();
+    let start = Instant::now();
+    let mut acc = 0u64;
+    let mut done = 0u64;
+    while done < n {
+        let chunk = domain.min(n - done);
+        for i in 0..chunk {
+            acc ^= perm.apply(i);
+        }
+        done += chunk;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    say!(
+        "{}",
+        serde_json::json!({
+            "source": "permutation",
+            "indices": n,
+            "secs": secs,
+            "indices_per_s": n as f64 / secs,
+            "domain": plan.n_observations(),
+            "checksum": acc,
         })
     );
     Ok(())

@@ -22,17 +22,17 @@ pub fn run(args: InspectArgs) -> Result<()> {
             "metadata": m.metadata,
             "created_by": m.created_by,
         });
-        println!("{}", serde_json::to_string_pretty(&summary).expect("json"));
+        say!("{}", serde_json::to_string_pretty(&summary).expect("json"));
         return Ok(());
     }
-    println!("dataset       {}", ds.dir().display());
-    println!("format        {} v{}", m.format, m.version);
-    println!("dtype         {} ({} bytes per token)", m.dtype, m.itemsize);
-    println!("tokens        {}", m.records);
-    println!("bytes         {}", ds.n_bytes());
-    println!("shards        {}", m.shards.len());
+    say!("dataset       {}", ds.dir().display());
+    say!("format        {} v{}", m.format, m.version);
+    say!("dtype         {} ({} bytes per token)", m.dtype, m.itemsize);
+    say!("tokens        {}", m.records);
+    say!("bytes         {}", ds.n_bytes());
+    say!("shards        {}", m.shards.len());
     match m.documents {
-        Some(n) => println!(
+        Some(n) => say!(
             "documents     {n}{}",
             if m.metadata {
                 " (with metadata)"
@@ -40,14 +40,17 @@ pub fn run(args: InspectArgs) -> Result<()> {
                 " (no metadata)"
             }
         ),
-        None => println!("documents     none (a plain token stream)"),
+        None => say!("documents     none (a plain token stream)"),
     }
-    println!("content hash  {}", m.content_hash);
-    println!("created by    {}", m.created_by);
+    say!("content hash  {}", m.content_hash);
+    say!("created by    {}", m.created_by);
     for s in &m.shards {
-        println!(
+        say!(
             "  {}  {} tokens  {} bytes  hash {}",
-            s.path, s.records, s.bytes, s.hash
+            s.path,
+            s.records,
+            s.bytes,
+            s.hash
         );
     }
     Ok(())

@@ -1,5 +1,13 @@
 //! One module per subcommand: arguments in, library calls, output out.
 
+/// `println!` that ignores a closed stdout (`shufflefs inspect | head` must not panic).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 pub mod bench;
 pub mod inspect;
 pub mod mount;

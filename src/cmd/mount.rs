@@ -63,7 +63,11 @@ pub fn run(mut args: MountArgs) -> Result<()> {
             args.prefetch_workers
         )));
     }
-    let fs = ShuffleFs::new(view)?;
+    let mut fs = ShuffleFs::new(view)?;
+    if args.stub_reads {
+        log::warn!("--stub-reads: every step file serves the same bytes (benchmarking only)");
+        fs = fs.with_stub_reads()?;
+    }
     // Threads (prefetch workers) may only start after the fork: serve() adds the cache.
     let cache = (cache_size > 0).then_some((
         cache_size,
@@ -113,7 +117,7 @@ pub fn run(mut args: MountArgs) -> Result<()> {
                 }
             };
             if ready && status[0] == b'1' {
-                println!(
+                say!(
                     "mounted {} at {} (daemon pid {child}, fingerprint {})",
                     dataset.display(),
                     mountpoint.display(),

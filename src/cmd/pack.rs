@@ -40,7 +40,7 @@ pub fn run(args: PackArgs) -> Result<()> {
         ),
         None => String::new(),
     };
-    println!(
+    say!(
         "packed {} records ({} bytes, dtype {}{docs}) into {} shard(s) in {}",
         m.records,
         m.records * m.itemsize,

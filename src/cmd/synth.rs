@@ -9,7 +9,7 @@ use crate::pack::write_positional;
 pub fn run(args: SynthArgs) -> Result<()> {
     let dtype = ScalarType::from_name(&args.dtype)?;
     write_positional(&args.output, dtype, args.tokens)?;
-    println!(
+    say!(
         "wrote {} positional {dtype} tokens to {}",
         args.tokens,
         args.output.display()

@@ -7,6 +7,6 @@ use crate::mount::unmount_path;
 /// Runs `unmount`.
 pub fn run(args: UnmountArgs) -> Result<()> {
     unmount_path(&args.mountpoint, args.lazy)?;
-    println!("unmounted {}", args.mountpoint.display());
+    say!("unmounted {}", args.mountpoint.display());
     Ok(())
 }
