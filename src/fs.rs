@@ -471,6 +471,9 @@ impl ShuffleFs {
     }
 
     fn child(&self, parent: Node, name: &[u8]) -> Result<Node> {
+        if parent.kind() == Kind::File {
+            return Err(Error::NotADirectory);
+        }
         let i = &self.inodes;
         let found = match parent {
             Node::Root => match name {
@@ -502,15 +505,8 @@ impl ShuffleFs {
             Node::LookupObservationList(e) => {
                 parse_file(name, i.observations, b".json").map(|o| Node::LookupJson(e, o))
             }
-            Node::Info
-            | Node::Stats
-            | Node::StepNpy(_)
-            | Node::StepJson(_)
-            | Node::ObservationNpy(_)
-            | Node::ObservationJson(_)
-            | Node::LookupJson(..) => {
-                return Err(Error::NotADirectory);
-            }
+            // Files (checked above) have no children.
+            _ => None,
         };
         found.ok_or(Error::NotFound)
     }
@@ -640,13 +636,7 @@ impl ShuffleFs {
             Node::StepList(..) => 2 * i.steps,
             Node::ObservationList => 2 * i.observations,
             Node::LookupObservationList(_) => i.observations,
-            Node::Info
-            | Node::Stats
-            | Node::StepNpy(_)
-            | Node::StepJson(_)
-            | Node::ObservationNpy(_)
-            | Node::ObservationJson(_)
-            | Node::LookupJson(..) => 0,
+            _ => 0, // files
         }
     }
 
@@ -710,13 +700,7 @@ impl ShuffleFs {
             Node::LookupEpochList => (Node::LookupEpoch(index), index.to_string()),
             Node::LookupEpoch(e) => (Node::LookupObservationList(e), "observation".to_string()),
             Node::LookupObservationList(e) => (Node::LookupJson(e, index), format!("{index}.json")),
-            Node::Info
-            | Node::Stats
-            | Node::StepNpy(_)
-            | Node::StepJson(_)
-            | Node::ObservationNpy(_)
-            | Node::ObservationJson(_)
-            | Node::LookupJson(..) => unreachable!("files have no entries"),
+            _ => unreachable!("files have no entries (readdir checks opendir)"),
         }
     }
 
