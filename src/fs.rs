@@ -364,6 +364,9 @@ pub struct ShuffleFs {
     json_cache: Mutex<LruCache<Node, Arc<[u8]>>>,
 }
 
+/// Most step files the step cache holds, whatever the budget (its map is allocated up front).
+const MAX_CACHE_ENTRIES: u64 = 1 << 16;
+
 /// Files the JSON cache keeps: a few per active reader.
 const JSON_CACHE_ENTRIES: usize = 64;
 /// Larger JSON files are rendered per request instead (range by range, never whole).
@@ -401,7 +404,9 @@ impl ShuffleFs {
             );
             return self;
         }
-        let cache = Arc::new(StepCache::new((budget / step) as usize));
+        // The LRU map is allocated up front: bound the entry count for tiny step files.
+        let entries = (budget / step).min(MAX_CACHE_ENTRIES) as usize;
+        let cache = Arc::new(StepCache::new(entries));
         if prefetch.depth > 0 {
             let view = self.view.clone();
             self.prefetcher = Some(Prefetcher::new(
