@@ -27,6 +27,9 @@ pub const ROUNDS: usize = 6;
 /// changes, because the same seed would then produce a different order.
 pub const ALGORITHM: &str = "feistel-v1";
 
+/// Walks [`Permutation::apply_strided`] runs side by side.
+pub const LANES: usize = 8;
+
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// SplitMix64's output function: a fast, well-mixing bijection on u64.
@@ -84,6 +87,77 @@ impl Permutation {
             x = self.encrypt(x);
         }
         x
+    }
+
+    /// `out[k] = apply(start + k * stride)` for every `k`: the same values as
+    /// [`Permutation::apply`], computed [`LANES`] walks at a time. A lone walk is one long
+    /// dependency chain (each round waits for the previous multiply) and its "walk again?"
+    /// branch is a coin toss the CPU mispredicts; here the rounds of independent lanes
+    /// interleave, and a finished lane takes the next position with a conditional move
+    /// instead of a branch. Panics if the last position is `>= n`.
+    pub fn apply_strided(&self, start: u64, stride: u64, out: &mut [u64]) {
+        let len = out.len();
+        if len == 0 {
+            return;
+        }
+        let last = (len as u64 - 1)
+            .checked_mul(stride)
+            .and_then(|d| d.checked_add(start));
+        assert!(
+            last.is_some_and(|l| l < self.n),
+            "positions {start} + k * {stride} for k < {len} leave the range {}",
+            self.n
+        );
+        let position = |k: usize| start + k as u64 * stride;
+        let mut next = 0usize;
+        if len >= 2 * LANES {
+            // Lane l holds the value to encrypt next (a fresh position or a value still
+            // outside [0, n)) and the output slot it belongs to.
+            let mut value = [0u64; LANES];
+            let mut slot = [0usize; LANES];
+            for l in 0..LANES {
+                value[l] = position(l);
+                slot[l] = l;
+            }
+            next = LANES;
+            // Each pass hands out at most LANES new positions, so all of them exist.
+            while next + LANES <= len {
+                let x = self.encrypt_lanes(value);
+                for l in 0..LANES {
+                    out[slot[l]] = x[l];
+                    let done = x[l] < self.n;
+                    value[l] = if done { position(next) } else { x[l] };
+                    slot[l] = if done { next } else { slot[l] };
+                    next += usize::from(done);
+                }
+            }
+            for l in 0..LANES {
+                let mut x = self.encrypt(value[l]);
+                while x >= self.n {
+                    x = self.encrypt(x);
+                }
+                out[slot[l]] = x;
+            }
+        }
+        for (k, o) in out.iter_mut().enumerate().skip(next) {
+            *o = self.apply(position(k));
+        }
+    }
+
+    /// [`Permutation::encrypt`] of [`LANES`] values, round by round across the lanes.
+    #[inline(always)]
+    fn encrypt_lanes(&self, x: [u64; LANES]) -> [u64; LANES] {
+        let h = self.half_bits;
+        let mut l = x.map(|v| hi(v, h));
+        let mut r = x.map(|v| v & self.mask);
+        for &k in &self.keys {
+            for i in 0..LANES {
+                let next = l[i] ^ self.round(r[i], k);
+                l[i] = r[i];
+                r[i] = next;
+            }
+        }
+        std::array::from_fn(|i| join(l[i], r[i], h))
     }
 
     /// The inverse of [`Permutation::apply`]: the position whose value is `v`.
@@ -259,6 +333,38 @@ mod tests {
             let same = base.iter().zip(&other).filter(|(a, b)| a == b).count();
             assert!(same < 20, "{same} positions agree between different keys");
         }
+    }
+
+    #[test]
+    fn apply_strided_equals_apply() {
+        for n in [1u64, 2, 3, 7, 16, 17, 1000, 65_537, 1 << 20, (1 << 33) + 5] {
+            let p = Permutation::new(n, 9, 2);
+            for (start, stride, len) in [(0, 1, 0), (0, 1, 1), (0, 1, 7), (0, 1, 8), (1, 1, 9)]
+                .into_iter()
+                .chain([
+                    (0u64, 1u64, 300usize),
+                    (5, 3, 200),
+                    (2, 7, 33),
+                    (0, 1, 4096),
+                ])
+            {
+                if len > 0 && start + (len as u64 - 1) * stride >= n {
+                    continue;
+                }
+                let mut out = vec![u64::MAX; len];
+                p.apply_strided(start, stride, &mut out);
+                let want: Vec<u64> = (0..len as u64)
+                    .map(|k| p.apply(start + k * stride))
+                    .collect();
+                assert_eq!(out, want, "n={n} start={start} stride={stride} len={len}");
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "leave the range")]
+    fn apply_strided_checks_the_last_position() {
+        Permutation::new(100, 0, 0).apply_strided(90, 5, &mut [0; 3]);
     }
 
     #[test]

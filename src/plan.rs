@@ -177,6 +177,13 @@ impl StepObservations {
     pub fn row(&self, row: u64) -> u64 {
         self.perm.apply(self.next + row * self.stride)
     }
+
+    /// The observations of rows `first ..` (counted from the iterator's start) into `out`,
+    /// computed together ([`Permutation::apply_strided`]).
+    pub fn fill(&self, first: u64, out: &mut [u64]) {
+        self.perm
+            .apply_strided(self.next + first * self.stride, self.stride, out);
+    }
 }
 
 impl Iterator for StepObservations {

@@ -396,9 +396,20 @@ impl View {
     /// many bytes that is: `min(buf.len(), len - offset)`, 0 at or past the end. Only the
     /// shard bytes of the rows the range covers are read, one pread per row piece.
     pub fn read_step_npy(&self, key: StepKey, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        let rows = self.plan.observations(key);
+        // The observations of the rows this range touches, computed together (batched
+        // permutation), then looked up row by row.
+        let header_len = self.npy_header.len() as u64;
+        let row_bytes = self.window * self.itemsize;
+        let data_start = offset.saturating_sub(header_len);
+        let data_end = (offset + buf.len() as u64).saturating_sub(header_len);
+        let first = (data_start / row_bytes).min(self.plan.batch_size());
+        let end = data_end.div_ceil(row_bytes).min(self.plan.batch_size());
+        let mut rows = vec![0u64; end.saturating_sub(first) as usize];
+        self.plan.observations(key).fill(first, &mut rows);
         self.read_rows_npy(&self.npy_header, self.window, offset, buf, |row| {
-            Ok(rows.row(row))
+            rows.get(row.wrapping_sub(first) as usize)
+                .copied()
+                .ok_or_else(|| Error::invalid(format!("row {row} outside the rows computed")))
         })
     }
 
