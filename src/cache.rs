@@ -36,6 +36,12 @@ pub struct Counters {
     pub prefetch_wasted: AtomicU64,
     /// Prefetches that failed (the later foreground read retries on its own).
     pub prefetch_failed: AtomicU64,
+    /// Reads that found their step being assembled by the prefetcher and waited for it
+    /// instead of assembling it a second time.
+    pub prefetch_waited: AtomicU64,
+    /// Reads that found their step still queued for prefetch and took it over (the
+    /// prefetcher was behind the reader).
+    pub prefetch_claimed: AtomicU64,
     /// Entries evicted to stay within the budget.
     pub evicted: AtomicU64,
 }
@@ -55,6 +61,10 @@ pub struct Stats {
     pub prefetch_wasted: u64,
     /// Prefetches that failed.
     pub prefetch_failed: u64,
+    /// Reads that waited for the prefetcher to finish their step.
+    pub prefetch_waited: u64,
+    /// Reads that took over a step still queued for prefetch.
+    pub prefetch_claimed: u64,
     /// Entries evicted to stay within the budget.
     pub evicted: u64,
     /// Entries in the cache now.
@@ -63,10 +73,18 @@ pub struct Stats {
     pub capacity: u64,
 }
 
+/// Evicted buffers kept for reuse.
+const MAX_SPARE: usize = 8;
+
 /// The step cache.
 pub struct StepCache {
     map: Mutex<LruCache<StepKey, Entry>>,
     capacity: usize,
+    /// The size of every step file.
+    file_len: usize,
+    /// Evicted files no reply still holds, reused by [`StepCache::buffer`]: the prefetcher
+    /// then neither allocates, zero-fills nor page-faults in its steady state.
+    spare: Mutex<Vec<Arc<[u8]>>>,
     /// The counters (the prefetcher updates some of them).
     pub counters: Counters,
 }
@@ -80,14 +98,16 @@ impl std::fmt::Debug for StepCache {
 }
 
 impl StepCache {
-    /// A cache of at most `capacity` step files (at least 1).
-    pub fn new(capacity: usize) -> StepCache {
+    /// A cache of at most `capacity` step files (at least 1) of `file_len` bytes each.
+    pub fn new(capacity: usize, file_len: usize) -> StepCache {
         let capacity = capacity.max(1);
         StepCache {
             map: Mutex::new(LruCache::new(
                 NonZeroUsize::new(capacity).expect("at least 1"),
             )),
             capacity,
+            file_len,
+            spare: Mutex::new(Vec::new()),
             counters: Counters::default(),
         }
     }
@@ -119,6 +139,13 @@ impl StepCache {
         self.lock().contains(&key)
     }
 
+    /// A buffer of one step file's size that nothing else references (its content is
+    /// unspecified): a recycled evicted file when there is one.
+    pub fn buffer(&self) -> Arc<[u8]> {
+        let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        spare.unwrap_or_else(|| std::iter::repeat_n(0u8, self.file_len).collect())
+    }
+
     /// Inserts a finished step file, evicting the least recently used entry when full.
     pub fn insert(&self, key: StepKey, bytes: Arc<[u8]>, prefetched: bool) {
         let mut map = self.lock();
@@ -132,7 +159,7 @@ impl StepCache {
             bytes,
             unread_prefetch: prefetched,
         };
-        if let Some((old_key, old)) = map.push(key, entry)
+        if let Some((old_key, mut old)) = map.push(key, entry)
             && old_key != key
         {
             self.counters.evicted.fetch_add(1, Ordering::Relaxed);
@@ -140,6 +167,13 @@ impl StepCache {
                 self.counters
                     .prefetch_wasted
                     .fetch_add(1, Ordering::Relaxed);
+            }
+            drop(map);
+            if Arc::get_mut(&mut old.bytes).is_some_and(|b| b.len() == self.file_len) {
+                let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
+                if spare.len() < MAX_SPARE {
+                    spare.push(old.bytes);
+                }
             }
         }
     }
@@ -160,6 +194,8 @@ impl StepCache {
             prefetch_used: get(&c.prefetch_used),
             prefetch_wasted: get(&c.prefetch_wasted),
             prefetch_failed: get(&c.prefetch_failed),
+            prefetch_waited: get(&c.prefetch_waited),
+            prefetch_claimed: get(&c.prefetch_claimed),
             evicted: get(&c.evicted),
             entries: self.lock().len() as u64,
             capacity: self.capacity as u64,
@@ -185,7 +221,7 @@ mod tests {
 
     #[test]
     fn hits_misses_and_lru_order_step_by_step() {
-        let cache = StepCache::new(2);
+        let cache = StepCache::new(2, 4);
         assert!(cache.get(k(0)).is_none());
         assert_eq!(cache.stats().misses, 1);
         cache.insert(k(0), bytes(0), false);

@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use lru::LruCache;
 
 use crate::cache::StepCache;
-use crate::prefetch::{PrefetchConfig, Prefetcher};
+use crate::prefetch::{Claim, PrefetchConfig, Prefetcher};
 
 use crate::view::{View, json_len, json_range};
 
@@ -406,14 +406,14 @@ impl ShuffleFs {
         }
         // The LRU map is allocated up front: bound the entry count for tiny step files.
         let entries = (budget / step).min(MAX_CACHE_ENTRIES) as usize;
-        let cache = Arc::new(StepCache::new(entries));
+        let cache = Arc::new(StepCache::new(entries, step as usize));
         if prefetch.depth > 0 {
             let view = self.view.clone();
             self.prefetcher = Some(Prefetcher::new(
                 prefetch,
                 view.plan().clone(),
                 cache.clone(),
-                Box::new(move |key| view.render_step_npy(key)),
+                Box::new(move |key, buf: &mut [u8]| view.render_step_npy_into(key, buf)),
             ));
         }
         self.cache = Some(cache);
@@ -739,55 +739,128 @@ impl ShuffleFs {
     /// Reads up to `size` bytes of file `ino` at `offset` into `out` (cleared first). Returns
     /// exactly the file's bytes; nothing at or past the end.
     pub fn read(&self, ino: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<()> {
+        let mut scratch = Vec::new();
         out.clear();
+        match self.read_data(ino, offset, size, &mut scratch)? {
+            ReadData::Scratch(n) => out.extend_from_slice(&scratch[..n]),
+            ReadData::Shared(bytes, range) => out.extend_from_slice(&bytes[range]),
+        }
+        Ok(())
+    }
+
+    /// Reads up to `size` bytes of file `ino` at `offset`: exactly the file's bytes, nothing at
+    /// or past the end. The bytes are either written to the front of `scratch`, which is only
+    /// ever grown (a FUSE worker keeps one, so a read neither allocates nor zero-fills), or are
+    /// a range of a cached file, which the reply can send without copying.
+    pub fn read_data(
+        &self,
+        ino: u64,
+        offset: u64,
+        size: u32,
+        scratch: &mut Vec<u8>,
+    ) -> Result<ReadData> {
         let node = self.open(ino, libc::O_RDONLY)?;
         let v = &self.view;
-        match node {
+        // The first `n` bytes of scratch, grown (zero-filled) only when too short.
+        let room = |scratch: &mut Vec<u8>, n: usize| {
+            if scratch.len() < n {
+                scratch.resize(n, 0);
+            }
+        };
+        let shared = |bytes: Arc<[u8]>| {
+            let start = usize::try_from(offset)
+                .unwrap_or(usize::MAX)
+                .min(bytes.len());
+            let end = start.saturating_add(size as usize).min(bytes.len());
+            ReadData::Shared(bytes, start..end)
+        };
+        let data = match node {
             Node::StepNpy(key) => {
                 let len = v.step_npy_len();
                 if offset >= len {
                     // The reader's end-of-file probe: nothing to read, count or prefetch.
-                    return Ok(());
+                    return Ok(ReadData::Scratch(0));
                 }
-                // A hit is one memcpy; a miss reads just the requested range from the shards
-                // straight into the reply (only the prefetcher fills the cache).
                 if let Some(stub) = &self.stub {
-                    copy_range(stub, offset, size, out);
-                    return Ok(());
+                    return Ok(shared(stub.clone()));
                 }
+                // A hit is sent as is; a miss reads just the requested range from the shards
+                // straight into the reply (only the prefetcher fills the cache). Before a
+                // miss assembles, the prefetcher is asked (a step it is assembling is waited
+                // for, never assembled twice) and told what comes next.
                 if let Some(bytes) = self.cache.as_ref().and_then(|c| c.get(key)) {
-                    copy_range(&bytes, offset, size, out);
-                } else {
-                    out.resize((u64::from(size)).min(len - offset) as usize, 0);
-                    let n = v.read_step_npy(key, offset, out)?;
-                    out.truncate(n);
+                    if let Some(p) = &self.prefetcher {
+                        p.hint(key);
+                    }
+                    return Ok(shared(bytes));
                 }
-                if let Some(p) = &self.prefetcher {
-                    p.hint(key);
-                }
+                let _guard = match self
+                    .prefetcher
+                    .as_ref()
+                    .map(|p| (p, p.claim(key, PREFETCH_WAIT)))
+                {
+                    Some((p, Claim::Ready(bytes))) => {
+                        p.hint(key);
+                        return Ok(shared(bytes));
+                    }
+                    Some((p, Claim::Yours(guard))) => {
+                        p.hint(key);
+                        Some(guard)
+                    }
+                    None => None,
+                };
+                let want = (u64::from(size)).min(len - offset) as usize;
+                room(scratch, want);
+                ReadData::Scratch(v.read_step_npy(key, offset, &mut scratch[..want])?)
             }
             Node::ObservationNpy(i) => {
                 let len = v.observation_npy_len(i)?;
                 if offset >= len {
-                    return Ok(());
+                    return Ok(ReadData::Scratch(0));
                 }
-                out.resize((u64::from(size)).min(len - offset) as usize, 0);
-                let n = v.read_observation_npy(i, offset, out)?;
-                out.truncate(n);
+                let want = (u64::from(size)).min(len - offset) as usize;
+                room(scratch, want);
+                ReadData::Scratch(v.read_observation_npy(i, offset, &mut scratch[..want])?)
             }
             Node::StepJson(_) | Node::ObservationJson(_) | Node::LookupJson(..) => {
                 match self.cached_json(node)? {
-                    Ok(bytes) => copy_range(&bytes, offset, size, out),
-                    Err(_) => json_range(offset, size, out, |w| self.write_json(node, w))?,
+                    Ok(bytes) => shared(bytes),
+                    Err(_) => {
+                        scratch.clear();
+                        json_range(offset, size, scratch, |w| self.write_json(node, w))?;
+                        ReadData::Scratch(scratch.len())
+                    }
                 }
             }
-            Node::Info => copy_range(v.info_json(), offset, size, out),
-            Node::Stats => copy_range(&self.stats_json(), offset, size, out),
+            Node::Info => {
+                scratch.clear();
+                copy_range(v.info_json(), offset, size, scratch);
+                ReadData::Scratch(scratch.len())
+            }
+            Node::Stats => {
+                scratch.clear();
+                copy_range(&self.stats_json(), offset, size, scratch);
+                ReadData::Scratch(scratch.len())
+            }
             _ => return Err(Error::IsADirectory),
-        }
-        Ok(())
+        };
+        Ok(data)
     }
 }
+
+/// Where the bytes of a read are (see [`ShuffleFs::read_data`]).
+#[derive(Debug)]
+pub enum ReadData {
+    /// The first `n` bytes of the caller's scratch buffer.
+    Scratch(usize),
+    /// A range of an immutable shared file (cached step file or JSON).
+    Shared(Arc<[u8]>, std::ops::Range<usize>),
+}
+
+/// How long a read that missed the cache waits for the prefetcher to finish assembling the same
+/// step before assembling it itself. A worker normally needs well under a millisecond; the
+/// bound only matters when a shard read stalls.
+const PREFETCH_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A Vec that fails writes once it would exceed [`JSON_CACHE_MAX_FILE`] (by one byte past it,
 /// so an overflow is recognisable).

@@ -12,8 +12,10 @@ use fuser::{
 };
 use log::{debug, log};
 
+use std::cell::RefCell;
+
 use crate::error::Error;
-use crate::fs::{Attr, DirEntry, DirSink, Kind, ShuffleFs};
+use crate::fs::{Attr, DirEntry, DirSink, Kind, ReadData, ShuffleFs};
 
 /// The tree never changes while mounted, so the kernel may cache names and attributes for as
 /// long as it likes.
@@ -154,20 +156,26 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let mut buf = Vec::new();
-        match self.fs.read(ino.0, offset, size, &mut buf) {
-            Ok(()) => reply.data(&buf),
-            Err(e) => {
-                log!(
-                    e.level(),
-                    "read ino={} node={:?} offset={offset} size={size} failed with errno {}: {e}",
-                    ino.0,
-                    self.fs.node(ino.0).ok(),
-                    e.errno()
-                );
-                reply.error(Errno::from_i32(e.errno()))
-            }
+        thread_local! {
+            /// Each FUSE worker's read buffer: grown once, never zero-filled again.
+            static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
         }
+        SCRATCH.with_borrow_mut(|scratch| {
+            match self.fs.read_data(ino.0, offset, size, scratch) {
+                Ok(ReadData::Scratch(n)) => reply.data(&scratch[..n]),
+                Ok(ReadData::Shared(bytes, range)) => reply.data(&bytes[range]),
+                Err(e) => {
+                    log!(
+                        e.level(),
+                        "read ino={} node={:?} offset={offset} size={size} failed with errno {}: {e}",
+                        ino.0,
+                        self.fs.node(ino.0).ok(),
+                        e.errno()
+                    );
+                    reply.error(Errno::from_i32(e.errno()))
+                }
+            }
+        })
     }
 
     fn flush(

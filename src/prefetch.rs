@@ -8,22 +8,31 @@
 //! too late anyway). A failed prefetch is counted and logged; the later foreground read
 //! assembles the step itself and reports any error then.
 //!
+//! A read that misses the cache asks [`Prefetcher::claim`] first, so a step is never assembled
+//! twice: a step still queued is taken off the queue and the reader assembles it (the
+//! prefetcher is behind); a step a worker is assembling right now is waited for (bounded), as
+//! the worker has a head start. Without this, a prefetcher exactly as fast as the reader stays
+//! one step behind forever and every step is assembled twice.
+//!
 //! With zero workers nothing runs in the background: [`Prefetcher::run_queued`] executes the
 //! queue on the calling thread, which is how tests assert hits and misses without timing.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
+use std::num::NonZeroUsize;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use log::{trace, warn};
+use lru::LruCache;
 
 use crate::cache::StepCache;
 use crate::error::Result;
 use crate::plan::{Plan, StepKey};
 
-/// Assembles one whole step file.
-pub type Render = dyn Fn(StepKey) -> Result<Vec<u8>> + Send + Sync;
+/// Assembles one whole step file into the buffer (exactly its size).
+pub type Render = dyn Fn(StepKey, &mut [u8]) -> Result<()> + Send + Sync;
 
 /// Prefetch settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,21 +54,64 @@ impl Default for PrefetchConfig {
     }
 }
 
+/// How many recently read steps the prefetcher remembers, node-wide: steps within that many
+/// reads of their reading are not prefetched again (a job restarted from an earlier checkpoint
+/// is prefetched again after that many reads).
+const RECENT_READS: NonZeroUsize = NonZeroUsize::new(1024).expect("non-zero");
+
+/// Where a pending step is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pending {
+    Queued,
+    Assembling,
+    /// A reader is assembling it itself (see [`Prefetcher::claim`]).
+    Reading,
+}
+
 struct State {
     queue: VecDeque<StepKey>,
     /// Queued or being assembled.
-    pending: HashSet<StepKey>,
+    pending: HashMap<StepKey, Pending>,
+    /// Steps read lately (bounded): never queued again while remembered.
+    recent: LruCache<StepKey, ()>,
     shutdown: bool,
 }
 
 struct Shared {
     state: Mutex<State>,
+    /// Signalled when a step is queued (workers wait on it).
     wake: Condvar,
+    /// Signalled when a step leaves `Assembling` (claiming readers wait on it).
+    finished: Condvar,
     cache: Arc<StepCache>,
     render: Box<Render>,
     plan: Plan,
     depth: u64,
     max_queue: usize,
+}
+
+/// What [`Prefetcher::claim`] found.
+#[derive(Debug)]
+pub enum Claim<'a> {
+    /// The prefetcher finished the step while the reader waited.
+    Ready(Arc<[u8]>),
+    /// The reader assembles the step; drop the guard when done.
+    Yours(ReadGuard<'a>),
+}
+
+/// Keeps a step marked as being read by a reader (see [`Prefetcher::claim`]).
+#[derive(Debug)]
+pub struct ReadGuard<'a>(Option<(&'a Prefetcher, StepKey)>);
+
+impl Drop for ReadGuard<'_> {
+    fn drop(&mut self) {
+        if let Some((p, key)) = self.0.take() {
+            let mut state = p.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+            if state.pending.get(&key) == Some(&Pending::Reading) {
+                state.pending.remove(&key);
+            }
+        }
+    }
 }
 
 /// The prefetcher. Dropping it stops and joins the workers.
@@ -88,10 +140,12 @@ impl Prefetcher {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 queue: VecDeque::new(),
-                pending: HashSet::new(),
+                pending: HashMap::new(),
+                recent: LruCache::new(RECENT_READS),
                 shutdown: false,
             }),
             wake: Condvar::new(),
+            finished: Condvar::new(),
             cache,
             render,
             plan,
@@ -130,21 +184,26 @@ impl Prefetcher {
         }
     }
 
-    /// Queues the `depth` steps after `key` that are neither cached nor pending.
+    /// Records that `key` is being read and queues the `depth` steps after it that are not
+    /// cached, pending, or read recently. Remembering recent reads keeps readers that share a
+    /// rank (a loader reading alternate steps with two workers) from queueing each other's
+    /// steps after they were read: such readers drift apart, and one far behind would
+    /// otherwise prefetch steps the other has long finished.
     pub fn hint(&self, key: StepKey) {
         let s = &self.shared;
         if s.depth == 0 {
             return;
         }
+        let mut state = s.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.recent.put(key, ());
         let mut next = key;
         let mut added = false;
-        let mut state = s.state.lock().unwrap_or_else(|p| p.into_inner());
         for _ in 0..s.depth {
             let Some(k) = Self::next_key(&s.plan, next) else {
                 break;
             };
             next = k;
-            if state.pending.contains(&k) || s.cache.contains(k) {
+            if state.pending.contains_key(&k) || state.recent.contains(&k) || s.cache.contains(k) {
                 continue;
             }
             if state.queue.len() >= s.max_queue
@@ -154,12 +213,60 @@ impl Prefetcher {
             }
             trace!("prefetch queued {k:?}");
             state.queue.push_back(k);
-            state.pending.insert(k);
+            state.pending.insert(k, Pending::Queued);
             added = true;
         }
         drop(state);
         if added {
             s.wake.notify_all();
+        }
+    }
+
+    /// Called by a read that missed the cache, before it assembles `key` itself. When a worker
+    /// is assembling `key`, waits for it (at most `max_wait`) and returns the finished file
+    /// (counted as a cache hit). Otherwise the step is the caller's: taken off the queue if it
+    /// was queued, and marked as being read so no hint queues it until the returned guard is
+    /// dropped.
+    pub fn claim(&self, key: StepKey, max_wait: Duration) -> Claim<'_> {
+        let s = &self.shared;
+        let mut state = s.state.lock().unwrap_or_else(|p| p.into_inner());
+        match state.pending.get(&key) {
+            Some(Pending::Assembling) => {
+                s.cache
+                    .counters
+                    .prefetch_waited
+                    .fetch_add(1, Ordering::Relaxed);
+                let deadline = Instant::now() + max_wait;
+                while state.pending.get(&key) == Some(&Pending::Assembling) {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Claim::Yours(ReadGuard(None));
+                    }
+                    state = s
+                        .finished
+                        .wait_timeout(state, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+                drop(state);
+                // Absent if the prefetch failed (the caller then reports the error itself).
+                match s.cache.get(key) {
+                    Some(bytes) => Claim::Ready(bytes),
+                    None => Claim::Yours(ReadGuard(None)),
+                }
+            }
+            Some(Pending::Reading) => Claim::Yours(ReadGuard(None)),
+            queued => {
+                if queued.is_some() {
+                    state.queue.retain(|k| *k != key);
+                    s.cache
+                        .counters
+                        .prefetch_claimed
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                state.pending.insert(key, Pending::Reading);
+                Claim::Yours(ReadGuard(Some((self, key))))
+            }
         }
     }
 
@@ -179,6 +286,7 @@ fn take(s: &Shared, wait: bool) -> Option<StepKey> {
             return None;
         }
         if let Some(k) = state.queue.pop_front() {
+            state.pending.insert(k, Pending::Assembling);
             return Some(k);
         }
         if !wait {
@@ -190,8 +298,13 @@ fn take(s: &Shared, wait: bool) -> Option<StepKey> {
 
 fn assemble(s: &Shared, key: StepKey) {
     if !s.cache.contains(key) {
-        match (s.render)(key) {
-            Ok(bytes) => s.cache.insert(key, bytes.into(), true),
+        let mut bytes = s.cache.buffer();
+        let filled = match Arc::get_mut(&mut bytes) {
+            Some(buf) => (s.render)(key, buf),
+            None => Err(crate::error::Error::invalid("a recycled buffer is shared")),
+        };
+        match filled {
+            Ok(()) => s.cache.insert(key, bytes, true),
             Err(e) => {
                 s.cache
                     .counters
@@ -206,6 +319,7 @@ fn assemble(s: &Shared, key: StepKey) {
         .unwrap_or_else(|p| p.into_inner())
         .pending
         .remove(&key);
+    s.finished.notify_all();
 }
 
 fn worker(s: &Shared) {
@@ -243,12 +357,13 @@ mod tests {
 
     fn setup(depth: u64, capacity: usize, fail_step: Option<u64>) -> (Prefetcher, Arc<StepCache>) {
         let plan = Plan::new(100, 5, 2, 0, 2).unwrap(); // 10 steps per epoch, 2 epochs
-        let cache = Arc::new(StepCache::new(capacity));
-        let render: Box<Render> = Box::new(move |k: StepKey| {
+        let cache = Arc::new(StepCache::new(capacity, 3));
+        let render: Box<Render> = Box::new(move |k: StepKey, buf: &mut [u8]| {
             if Some(k.step) == fail_step {
                 return Err(Error::invalid("injected"));
             }
-            Ok(vec![k.step as u8; 3])
+            buf.fill(k.step as u8);
+            Ok(())
         });
         let config = PrefetchConfig { depth, workers: 0 };
         (Prefetcher::new(config, plan, cache.clone(), render), cache)
@@ -300,13 +415,40 @@ mod tests {
         p.hint(key(0, 1));
         p.run_queued();
         assert_eq!(cache.stats().prefetch_failed, 2);
+        assert!(cache.contains(key(0, 3)));
+    }
+
+    #[test]
+    fn readers_of_one_rank_do_not_queue_a_step_twice() {
+        let (p, cache) = setup(4, 16, None);
+        // Reader A reads step 0, reader B step 1; B's step 1 was claimed off the queue.
+        p.hint(key(0, 0));
+        let guard = p.claim(key(0, 1), Duration::ZERO);
+        assert!(matches!(guard, Claim::Yours(_)));
+        p.hint(key(0, 1));
+        p.run_queued();
+        drop(guard);
+        // Steps 2..=5 were prefetched; step 1 (read by B itself) was not queued again.
+        assert!(!cache.contains(key(0, 1)));
+        assert_eq!(cache.stats().prefetched, 4);
+        assert_eq!(cache.stats().prefetch_claimed, 1);
+        // Reader A's late hint from step 0 does not queue step 1 while B reads it.
+        let guard = p.claim(key(0, 1), Duration::ZERO);
+        p.hint(key(0, 0));
+        p.run_queued();
+        drop(guard);
+        assert!(!cache.contains(key(0, 1)));
+        assert_eq!(cache.stats().prefetched, 4);
     }
 
     #[test]
     fn background_workers_fill_the_cache() {
         let plan = Plan::new(100, 5, 2, 0, 2).unwrap();
-        let cache = Arc::new(StepCache::new(16));
-        let render: Box<Render> = Box::new(|k: StepKey| Ok(vec![k.step as u8; 3]));
+        let cache = Arc::new(StepCache::new(16, 3));
+        let render: Box<Render> = Box::new(|k: StepKey, buf: &mut [u8]| {
+            buf.fill(k.step as u8);
+            Ok(())
+        });
         let config = PrefetchConfig {
             depth: 4,
             workers: 2,

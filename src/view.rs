@@ -416,9 +416,26 @@ impl View {
     /// The whole `S.npy` for `key`.
     pub fn render_step_npy(&self, key: StepKey) -> Result<Vec<u8>> {
         let mut out = vec![0u8; self.step_npy_len() as usize];
-        let n = self.read_step_npy(key, 0, &mut out)?;
-        debug_assert_eq!(n, out.len());
+        self.render_step_npy_into(key, &mut out)?;
         Ok(out)
+    }
+
+    /// The whole `S.npy` for `key` into `out`, which must be exactly its size.
+    pub fn render_step_npy_into(&self, key: StepKey, out: &mut [u8]) -> Result<()> {
+        if out.len() as u64 != self.step_npy_len() {
+            return Err(Error::invalid(format!(
+                "a step file is {} bytes, not {}",
+                self.step_npy_len(),
+                out.len()
+            )));
+        }
+        let n = self.read_step_npy(key, 0, out)?;
+        if n != out.len() {
+            return Err(Error::invalid(format!(
+                "step {key:?} assembled only {n} bytes"
+            )));
+        }
+        Ok(())
     }
 
     /// Reads a `.npy` made of `header` and rows of `row_records` records, row `r` being
