@@ -134,6 +134,18 @@ impl StepCache {
         }
     }
 
+    /// The step file for `key` if cached, counting a hit; a miss counts nothing (the caller
+    /// will ask again with [`StepCache::get`]).
+    pub fn get_if_cached(&self, key: StepKey) -> Option<Arc<[u8]>> {
+        let mut map = self.lock();
+        let entry = map.get_mut(&key)?;
+        if std::mem::take(&mut entry.unread_prefetch) {
+            self.counters.prefetch_used.fetch_add(1, Ordering::Relaxed);
+        }
+        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        Some(entry.bytes.clone())
+    }
+
     /// Whether `key` is cached (no counting, no LRU update).
     pub fn contains(&self, key: StepKey) -> bool {
         self.lock().contains(&key)

@@ -126,7 +126,7 @@ pub struct MountArgs {
     /// Stay attached to the terminal (logs on stderr; Ctrl-C unmounts).
     #[arg(long, short = 'f', help_heading = MOUNT_HEADING)]
     pub foreground: bool,
-    /// FUSE worker threads [default: number of cores].
+    /// FUSE worker threads [default: number of cores + 1; one of them never reads shards].
     #[arg(long, help_heading = MOUNT_HEADING)]
     pub threads: Option<usize>,
     /// Let other users read the mount (allow_other with default_permissions).
@@ -150,6 +150,30 @@ pub struct MountArgs {
     /// workers only compete with the readers.
     #[arg(long, default_value_t = 1, help_heading = MOUNT_HEADING)]
     pub prefetch_workers: usize,
+    /// Refuse to mount unless the mount's fingerprint (info.json) is HEX: the guard for
+    /// resuming a checkpoint with exactly the data order it was trained with.
+    #[arg(long, value_name = "HEX", help_heading = MOUNT_HEADING)]
+    pub expect_fingerprint: Option<String>,
+    /// A read that touches shards answers EIO after this many seconds (decimals allowed; 0
+    /// disables the deadline, and reads then run on the FUSE threads).
+    #[arg(long, value_name = "SECS", default_value = "30", help_heading = MOUNT_HEADING)]
+    pub read_timeout: String,
+    /// Owner of the files [default: the mounting user].
+    #[arg(long, help_heading = MOUNT_HEADING)]
+    pub uid: Option<u32>,
+    /// Group of the files [default: the mounting user's group].
+    #[arg(long, help_heading = MOUNT_HEADING)]
+    pub gid: Option<u32>,
+    /// Permission bits of files, octal (write bits are not allowed).
+    #[arg(long, value_name = "OCTAL", default_value = "0444", help_heading = MOUNT_HEADING)]
+    pub file_mode: String,
+    /// Permission bits of directories, octal (write bits are not allowed).
+    #[arg(long, value_name = "OCTAL", default_value = "0555", help_heading = MOUNT_HEADING)]
+    pub dir_mode: String,
+    /// Mount over a live shufflefs mount at MOUNTPOINT instead of refusing (the new mount
+    /// hides the old one until it is unmounted).
+    #[arg(long, help_heading = MOUNT_HEADING)]
+    pub on_top: bool,
 }
 
 /// `shufflefs unmount`.

@@ -567,6 +567,14 @@ impl ShuffleFs {
         }
     }
 
+    /// Whether `node` is a JSON file whose bytes are in the JSON cache.
+    fn json_is_cached(&self, node: Node) -> bool {
+        self.json_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&node)
+    }
+
     /// The bytes of a JSON file from the cache, rendering and caching them when small;
     /// `Err(len)` for files too large to cache (rendered range by range instead).
     fn cached_json(&self, node: Node) -> Result<std::result::Result<Arc<[u8]>, u64>> {
@@ -741,9 +749,10 @@ impl ShuffleFs {
     pub fn read(&self, ino: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<()> {
         let mut scratch = Vec::new();
         out.clear();
-        match self.read_data(ino, offset, size, &mut scratch)? {
+        match self.read_data(ino, offset, size, &mut scratch, Access::Any)? {
             ReadData::Scratch(n) => out.extend_from_slice(&scratch[..n]),
             ReadData::Shared(bytes, range) => out.extend_from_slice(&bytes[range]),
+            ReadData::NeedsShards => unreachable!("Access::Any reads shards"),
         }
         Ok(())
     }
@@ -751,15 +760,19 @@ impl ShuffleFs {
     /// Reads up to `size` bytes of file `ino` at `offset`: exactly the file's bytes, nothing at
     /// or past the end. The bytes are either written to the front of `scratch`, which is only
     /// ever grown (a FUSE worker keeps one, so a read neither allocates nor zero-fills), or are
-    /// a range of a cached file, which the reply can send without copying.
+    /// a range of a cached file, which the reply can send without copying. With
+    /// [`Access::Memory`], a read that would have to read shard or document files returns
+    /// [`ReadData::NeedsShards`] instead (and counts nothing).
     pub fn read_data(
         &self,
         ino: u64,
         offset: u64,
         size: u32,
         scratch: &mut Vec<u8>,
+        access: Access,
     ) -> Result<ReadData> {
         let node = self.open(ino, libc::O_RDONLY)?;
+        let memory_only = access == Access::Memory;
         let v = &self.view;
         // The first `n` bytes of scratch, grown (zero-filled) only when too short.
         let room = |scratch: &mut Vec<u8>, n: usize| {
@@ -788,11 +801,19 @@ impl ShuffleFs {
                 // straight into the reply (only the prefetcher fills the cache). Before a
                 // miss assembles, the prefetcher is asked (a step it is assembling is waited
                 // for, never assembled twice) and told what comes next.
-                if let Some(bytes) = self.cache.as_ref().and_then(|c| c.get(key)) {
+                let hit = match &self.cache {
+                    Some(c) if memory_only => c.get_if_cached(key),
+                    Some(c) => c.get(key),
+                    None => None,
+                };
+                if let Some(bytes) = hit {
                     if let Some(p) = &self.prefetcher {
                         p.hint(key);
                     }
                     return Ok(shared(bytes));
+                }
+                if memory_only {
+                    return Ok(ReadData::NeedsShards);
                 }
                 let _guard = match self
                     .prefetcher
@@ -812,6 +833,14 @@ impl ShuffleFs {
                 let want = (u64::from(size)).min(len - offset) as usize;
                 room(scratch, want);
                 ReadData::Scratch(v.read_step_npy(key, offset, &mut scratch[..want])?)
+            }
+            Node::ObservationNpy(_)
+            | Node::StepJson(_)
+            | Node::ObservationJson(_)
+            | Node::LookupJson(..)
+                if memory_only && !self.json_is_cached(node) =>
+            {
+                return Ok(ReadData::NeedsShards);
             }
             Node::ObservationNpy(i) => {
                 let len = v.observation_npy_len(i)?;
@@ -848,9 +877,20 @@ impl ShuffleFs {
     }
 }
 
+/// What a read may touch (see [`ShuffleFs::read_data`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Only memory: cached files, `info.json`, `stats.json`.
+    Memory,
+    /// Shard and document files too.
+    Any,
+}
+
 /// Where the bytes of a read are (see [`ShuffleFs::read_data`]).
 #[derive(Debug)]
 pub enum ReadData {
+    /// The read needs shard or document files (only with [`Access::Memory`]).
+    NeedsShards,
     /// The first `n` bytes of the caller's scratch buffer.
     Scratch(usize),
     /// A range of an immutable shared file (cached step file or JSON).

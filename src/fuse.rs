@@ -2,7 +2,10 @@
 //! replies. It makes no decisions; every answer comes from `fs.rs`. Each failed request is
 //! logged once here, at the level the error chose, with its errno.
 
+use std::cell::RefCell;
 use std::ffi::OsStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -12,35 +15,162 @@ use fuser::{
 };
 use log::{debug, log};
 
-use std::cell::RefCell;
-
+use crate::deadline::DeadlinePool;
 use crate::error::Error;
-use crate::fs::{Attr, DirEntry, DirSink, Kind, ReadData, ShuffleFs};
+use crate::fs::{Access, Attr, DirEntry, DirSink, Kind, ReadData, ShuffleFs};
 
 /// The tree never changes while mounted, so the kernel may cache names and attributes for as
 /// long as it likes.
 const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// Most threads reading shards at once: stalled reads hold threads, and this many leave room
+/// for the rest (a request waits in the queue beyond it, still under its deadline).
+const MAX_IO_THREADS: usize = 64;
+
+/// Runs a request handler; a panic is answered with `EIO` (the reply is dropped while
+/// unwinding, and fuser answers an unanswered request with `EIO`) and logged, so a bug in one
+/// request never costs the mount a worker thread.
+fn guarded(op: &str, ino: u64, handler: impl FnOnce()) {
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(handler)) {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        log::error!("{op} ino={ino} panicked ({what}): answered EIO; please report this bug");
+    }
+}
+
+/// Who owns the files and their permission bits (the kernel enforces them: shufflefs always
+/// mounts with `default_permissions`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ownership {
+    /// Owner of every file and directory.
+    pub uid: u32,
+    /// Group of every file and directory.
+    pub gid: u32,
+    /// Permission bits of files (write bits are refused: the tree is read-only).
+    pub file_mode: u16,
+    /// Permission bits of directories.
+    pub dir_mode: u16,
+}
+
+impl Ownership {
+    /// The calling process's user and group, files 0444 and directories 0555.
+    pub fn current() -> Ownership {
+        Ownership {
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            file_mode: crate::fs::FILE_PERM,
+            dir_mode: crate::fs::DIR_PERM,
+        }
+    }
+}
+
 /// Adapter state: the filesystem plus the ownership and timestamps every attribute carries.
 #[derive(Debug)]
 pub struct FuseAdapter {
-    fs: ShuffleFs,
-    uid: u32,
-    gid: u32,
+    fs: Arc<ShuffleFs>,
+    owner: Ownership,
     mtime: SystemTime,
     /// How files are opened; chosen at `init` from what the kernel supports.
     open_flags: FopenFlags,
+    /// Runs reads that touch shards with a deadline; `None`: on the FUSE thread, no deadline.
+    pool: Option<DeadlinePool>,
+    /// FUSE threads reading shards right now, and how many may (`threads - 1`).
+    inline_reads: AtomicUsize,
+    inline_limit: usize,
 }
 
 impl FuseAdapter {
-    /// Wraps `fs`; files are owned by `uid:gid` and dated `mtime`.
-    pub fn new(fs: ShuffleFs, uid: u32, gid: u32, mtime: SystemTime) -> FuseAdapter {
+    /// Wraps `fs`; files carry `owner` and are dated `mtime`. With `read_timeout`, reads that
+    /// touch shards run off the FUSE threads and answer `EIO` once it has passed.
+    pub fn new(
+        fs: ShuffleFs,
+        owner: Ownership,
+        mtime: SystemTime,
+        read_timeout: Option<Duration>,
+        threads: usize,
+    ) -> FuseAdapter {
         FuseAdapter {
-            fs,
-            uid,
-            gid,
+            fs: Arc::new(fs),
+            owner,
             mtime,
             open_flags: FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+            pool: read_timeout.map(|t| DeadlinePool::new(t, 1, MAX_IO_THREADS)),
+            inline_reads: AtomicUsize::new(0),
+            inline_limit: threads.saturating_sub(1),
+        }
+    }
+
+    /// READ: answered on this thread when it needs no shard (a cache hit, `info.json`...) or
+    /// when there is no deadline; otherwise on the deadline pool.
+    fn read_guarded(&self, ino: u64, offset: u64, size: u32, reply: ReplyData) {
+        let access = if self.pool.is_some() {
+            Access::Memory
+        } else {
+            Access::Any
+        };
+        let reply = match with_scratch(|scratch| {
+            match self.fs.read_data(ino, offset, size, scratch, access) {
+                Ok(ReadData::NeedsShards) => Some(reply),
+                result => {
+                    answer_read(&self.fs, ino, offset, size, result, scratch, reply);
+                    None
+                }
+            }
+        }) {
+            Some(reply) => reply,
+            None => return,
+        };
+        let Some(pool) = &self.pool else {
+            unreachable!("Access::Any always reads");
+        };
+        let slot = Arc::new(Mutex::new(Some(reply)));
+        let timeout = pool.timeout();
+        let on_timeout = {
+            let (fs, slot) = (self.fs.clone(), slot.clone());
+            move || {
+                let reply = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(reply) = reply {
+                    log::error!(
+                        "read ino={ino} node={:?} offset={offset} size={size} did not finish \
+                         within the {timeout:?} read deadline (--read-timeout): answered EIO",
+                        fs.node(ino).ok()
+                    );
+                    reply.error(Errno::from_i32(libc::EIO));
+                }
+            }
+        };
+        let work = {
+            let (fs, slot) = (self.fs.clone(), slot);
+            move || {
+                guarded("read", ino, || {
+                    with_scratch(|scratch| {
+                        let result = fs.read_data(ino, offset, size, scratch, Access::Any);
+                        // Taken only now: if the deadline passed meanwhile, EIO was sent.
+                        let reply = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+                        if let Some(reply) = reply {
+                            answer_read(&fs, ino, offset, size, result, scratch, reply);
+                        }
+                    })
+                })
+            }
+        };
+        // Up to `threads - 1` FUSE threads read shards themselves (no hand-off); the last one
+        // never does, so a stalled shard can block at most those, and `stat`, `ls` and other
+        // steps keep being served while the pool takes the rest.
+        let inline = self
+            .inline_reads
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.inline_limit).then_some(n + 1)
+            })
+            .is_ok();
+        if inline {
+            pool.run_here(work, on_timeout);
+            self.inline_reads.fetch_sub(1, Ordering::AcqRel);
+        } else {
+            pool.submit(work, on_timeout);
         }
     }
 
@@ -58,13 +188,50 @@ impl FuseAdapter {
             ctime: self.mtime,
             crtime: self.mtime,
             kind: file_type(a.kind),
-            perm: a.perm,
+            perm: match a.kind {
+                Kind::File => self.owner.file_mode & 0o7555,
+                Kind::Directory => self.owner.dir_mode & 0o7777,
+            },
             nlink: a.nlink,
-            uid: self.uid,
-            gid: self.gid,
+            uid: self.owner.uid,
+            gid: self.owner.gid,
             rdev: 0,
             blksize: 4096,
             flags: 0,
+        }
+    }
+}
+
+/// Runs `f` with this thread's read buffer: grown once, never zero-filled again.
+fn with_scratch<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+    thread_local! {
+        static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with_borrow_mut(f)
+}
+
+/// Sends a read's result.
+fn answer_read(
+    fs: &ShuffleFs,
+    ino: u64,
+    offset: u64,
+    size: u32,
+    result: crate::error::Result<ReadData>,
+    scratch: &[u8],
+    reply: ReplyData,
+) {
+    match result {
+        Ok(ReadData::Scratch(n)) => reply.data(&scratch[..n]),
+        Ok(ReadData::Shared(bytes, range)) => reply.data(&bytes[range]),
+        Ok(ReadData::NeedsShards) => reply.error(Errno::from_i32(libc::EIO)),
+        Err(e) => {
+            log!(
+                e.level(),
+                "read ino={ino} node={:?} offset={offset} size={size} failed with errno {}: {e}",
+                fs.node(ino).ok(),
+                e.errno()
+            );
+            reply.error(Errno::from_i32(e.errno()))
         }
     }
 }
@@ -116,33 +283,37 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.fs.lookup(parent.0, name) {
-            Ok(a) => reply.entry(&Self::ttl(&a), &self.file_attr(&a), Generation(0)),
-            Err(e) => {
-                debug!("lookup parent={} name={name:?}", parent.0);
-                reply.error(fail("lookup", parent.0, &e))
+        guarded("lookup", parent.0, || {
+            match self.fs.lookup(parent.0, name) {
+                Ok(a) => reply.entry(&Self::ttl(&a), &self.file_attr(&a), Generation(0)),
+                Err(e) => {
+                    debug!("lookup parent={} name={name:?}", parent.0);
+                    reply.error(fail("lookup", parent.0, &e))
+                }
             }
-        }
+        });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino.0) {
+        guarded("getattr", ino.0, || match self.fs.getattr(ino.0) {
             Ok(a) => reply.attr(&Self::ttl(&a), &self.file_attr(&a)),
             Err(e) => reply.error(fail("getattr", ino.0, &e)),
-        }
+        });
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open(ino.0, flags.0) {
-            // noflush: close() costs no round trip. A volatile file is always direct_io, so
-            // the page cache never holds an old version.
-            Ok(node) if node.is_volatile() => reply.opened(
-                FileHandle(0),
-                FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH,
-            ),
-            Ok(_) => reply.opened(FileHandle(0), self.open_flags),
-            Err(e) => reply.error(fail("open", ino.0, &e)),
-        }
+        guarded("open", ino.0, || {
+            match self.fs.open(ino.0, flags.0) {
+                // noflush: close() costs no round trip. A volatile file is always direct_io, so
+                // the page cache never holds an old version.
+                Ok(node) if node.is_volatile() => reply.opened(
+                    FileHandle(0),
+                    FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH,
+                ),
+                Ok(_) => reply.opened(FileHandle(0), self.open_flags),
+                Err(e) => reply.error(fail("open", ino.0, &e)),
+            }
+        });
     }
 
     fn read(
@@ -156,26 +327,9 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        thread_local! {
-            /// Each FUSE worker's read buffer: grown once, never zero-filled again.
-            static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-        }
-        SCRATCH.with_borrow_mut(|scratch| {
-            match self.fs.read_data(ino.0, offset, size, scratch) {
-                Ok(ReadData::Scratch(n)) => reply.data(&scratch[..n]),
-                Ok(ReadData::Shared(bytes, range)) => reply.data(&bytes[range]),
-                Err(e) => {
-                    log!(
-                        e.level(),
-                        "read ino={} node={:?} offset={offset} size={size} failed with errno {}: {e}",
-                        ino.0,
-                        self.fs.node(ino.0).ok(),
-                        e.errno()
-                    );
-                    reply.error(Errno::from_i32(e.errno()))
-                }
-            }
-        })
+        guarded("read", ino.0, || {
+            self.read_guarded(ino.0, offset, size, reply)
+        });
     }
 
     fn flush(
@@ -190,10 +344,10 @@ impl Filesystem for FuseAdapter {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.opendir(ino.0) {
+        guarded("opendir", ino.0, || match self.fs.opendir(ino.0) {
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_CACHE_DIR),
             Err(e) => reply.error(fail("opendir", ino.0, &e)),
-        }
+        });
     }
 
     fn readdir(
@@ -204,11 +358,13 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         reply: ReplyDirectory,
     ) {
-        let mut sink = FuseDirSink(reply);
-        match self.fs.readdir(ino.0, offset, &mut sink) {
-            Ok(()) => sink.0.ok(),
-            Err(e) => sink.0.error(fail("readdir", ino.0, &e)),
-        }
+        guarded("readdir", ino.0, || {
+            let mut sink = FuseDirSink(reply);
+            match self.fs.readdir(ino.0, offset, &mut sink) {
+                Ok(()) => sink.0.ok(),
+                Err(e) => sink.0.error(fail("readdir", ino.0, &e)),
+            }
+        });
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -217,10 +373,12 @@ impl Filesystem for FuseAdapter {
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        match self.fs.access(ino.0, mask.bits()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(fail("access", ino.0, &e)),
-        }
+        guarded("access", ino.0, || {
+            match self.fs.access(ino.0, mask.bits()) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("access", ino.0, &e)),
+            }
+        });
     }
 
     fn setattr(

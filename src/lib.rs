@@ -24,6 +24,7 @@ pub mod cache;
 pub mod cli;
 pub mod cmd;
 pub mod dataset;
+pub mod deadline;
 pub mod dtype;
 pub mod error;
 pub mod feistel;

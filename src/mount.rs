@@ -17,7 +17,7 @@ use log::{info, warn};
 
 use crate::error::{Error, Result};
 use crate::fs::ShuffleFs;
-use crate::fuse::FuseAdapter;
+use crate::fuse::{FuseAdapter, Ownership};
 
 /// The prefix of a shufflefs mount's source in the mount table (`shufflefs:/path/to/dataset`):
 /// how a live or stale shufflefs mount is recognised.
@@ -33,6 +33,13 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// The source shown in the mount table, after [`SOURCE_PREFIX`] (the dataset path).
     pub fsname: String,
+    /// Owner, group and permission bits of the tree.
+    pub owner: Ownership,
+    /// Reads that touch shards answer `EIO` after this long (`None`: no deadline; they then
+    /// run on the FUSE threads).
+    pub read_timeout: Option<Duration>,
+    /// Mount over a live shufflefs mount instead of refusing.
+    pub on_top: bool,
 }
 
 impl Default for MountOptions {
@@ -41,13 +48,22 @@ impl Default for MountOptions {
             threads: default_threads(),
             allow_other: false,
             fsname: String::new(),
+            owner: Ownership::current(),
+            read_timeout: Some(DEFAULT_READ_TIMEOUT),
+            on_top: false,
         }
     }
 }
 
-/// Worker threads by default: one per core.
+/// The read deadline by default: far beyond any healthy read (a local shard read takes
+/// microseconds, a network filesystem milliseconds), short enough that a trainer sees an error
+/// instead of hanging.
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// FUSE worker threads by default: one per core, plus the one that never reads shards (so a
+/// stalled shard cannot block `stat`, `ls` and other steps; see `fuse.rs`).
 pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get())
+    std::thread::available_parallelism().map_or(2, |n| n.get()) + 1
 }
 
 /// A live mount. Dropping it unmounts.
@@ -56,6 +72,8 @@ pub struct Mounted {
     mountpoint: PathBuf,
     /// Our mount's id in the mount table, recorded once mounted.
     mount_id: Option<u64>,
+    /// Our mount's source in the mount table (how it is recognised without an id).
+    source: String,
     unmounter: Option<SessionUnmounter>,
     thread: Option<JoinHandle<io::Result<()>>>,
 }
@@ -63,15 +81,16 @@ pub struct Mounted {
 /// Mounts `fs` at `mountpoint` and serves it from background threads. Returns once the mount
 /// is ready. Clears a stale mount at `mountpoint` first and refuses a live shufflefs mount.
 pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result<Mounted> {
-    let mountpoint = prepare_mountpoint(mountpoint)?;
+    let mountpoint = prepare_mountpoint(mountpoint, options.on_top)?;
     let mtime = fs::metadata(fs.view().dataset().dir().join(crate::format::MANIFEST))
         .and_then(|m| m.modified())
         .unwrap_or(UNIX_EPOCH);
     let adapter = FuseAdapter::new(
         fs,
-        nix::unistd::getuid().as_raw(),
-        nix::unistd::getgid().as_raw(),
+        options.owner,
         mtime,
+        options.read_timeout,
+        options.threads.max(1),
     );
     let mut config = fuser::Config::default();
     config.mount_options = vec![
@@ -84,9 +103,10 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
             options.fsname.replace(',', "_")
         )),
         MountOption::Subtype("shufflefs".into()),
+        // The kernel checks the mode bits (--file-mode, --dir-mode) against the caller.
+        MountOption::DefaultPermissions,
     ];
     if options.allow_other {
-        config.mount_options.push(MountOption::DefaultPermissions);
         config.acl = SessionACL::All;
     }
     config.n_threads = Some(options.threads.max(1));
@@ -119,9 +139,17 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
         .map_err(|e| Error::io(&mountpoint, e))?;
     info!("mounted at {}", mountpoint.display());
     let mount_id = find_mount(&mountpoint).ok().flatten().map(|m| m.id);
+    if mount_id.is_none() {
+        warn!(
+            "{} is not in /proc/self/mountinfo right after mounting; unmount will recognise \
+             this mount by its source {source}",
+            mountpoint.display()
+        );
+    }
     Ok(Mounted {
         mountpoint,
         mount_id,
+        source,
         unmounter,
         thread: Some(thread),
     })
@@ -147,7 +175,10 @@ impl Mounted {
     fn shutdown(&mut self) -> Result<()> {
         let mut result = Ok(());
         let ended = self.thread.as_ref().is_none_or(|t| t.is_finished());
-        let ours = |m: &MountEntry| self.mount_id.is_some_and(|id| id == m.id);
+        let ours = |m: &MountEntry| match self.mount_id {
+            Some(id) => id == m.id,
+            None => m.source == self.source,
+        };
         let still_ours = || find_mount(&self.mountpoint).is_ok_and(|m| m.is_some_and(|m| ours(&m)));
         // Once the session has ended (someone unmounted us), the mount is gone: never touch
         // the mount point again, a newer mount may live there now.
@@ -229,8 +260,9 @@ fn mount_as_root(
         nix::unistd::getuid().as_raw(),
         nix::unistd::getgid().as_raw()
     );
+    data.push_str(",default_permissions");
     if allow_other {
-        data.push_str(",allow_other,default_permissions");
+        data.push_str(",allow_other");
     }
     let flags = nix::mount::MsFlags::MS_RDONLY
         | nix::mount::MsFlags::MS_NOSUID
@@ -412,8 +444,9 @@ fn unescape(field: &str) -> Vec<u8> {
 }
 
 /// Resolves the mount point, clears a stale FUSE mount left by a killed daemon, and refuses
-/// to mount over a live shufflefs mount. Returns the absolute mount point.
-pub fn prepare_mountpoint(mountpoint: &Path) -> Result<PathBuf> {
+/// to mount over a live shufflefs mount unless `on_top` (the new mount then hides it until
+/// unmounted). Returns the absolute mount point.
+pub fn prepare_mountpoint(mountpoint: &Path, on_top: bool) -> Result<PathBuf> {
     let abs = absolute_mountpoint(mountpoint)?;
     match mount_state(&abs)? {
         MountState::NotMounted => {}
@@ -437,10 +470,17 @@ pub fn prepare_mountpoint(mountpoint: &Path) -> Result<PathBuf> {
             );
             detach(&abs)?;
         }
+        MountState::Live(entry) if entry.is_shufflefs() && on_top => {
+            info!(
+                "{} is a live shufflefs mount of {}: mounting on top of it (--on-top)",
+                abs.display(),
+                entry.source
+            );
+        }
         MountState::Live(entry) if entry.is_shufflefs() => {
             return Err(Error::invalid(format!(
                 "{} is already a live shufflefs mount: unmount it first \
-                 (`shufflefs unmount {}`)",
+                 (`shufflefs unmount {}`), or pass --on-top to mount over it",
                 abs.display(),
                 abs.display()
             )));

@@ -10,6 +10,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use log::{error, info};
 use nix::sys::signal::{SigSet, Signal};
@@ -19,6 +20,7 @@ use nix::unistd::{ForkResult, fork, setsid};
 use crate::cli::MountArgs;
 use crate::error::{Error, Result};
 use crate::fs::ShuffleFs;
+use crate::fuse::Ownership;
 use crate::logging;
 use crate::mount::{MountOptions, default_threads, mount, prepare_mountpoint};
 use crate::prefetch::PrefetchConfig;
@@ -26,6 +28,38 @@ use crate::view::{View, ViewConfig};
 
 /// More FUSE workers than this only add contention (the kernel serves one queue).
 const MAX_THREADS: usize = 256;
+
+/// A duration in seconds (`0`: none).
+fn parse_seconds(flag: &str, text: &str) -> Result<Option<Duration>> {
+    let secs: f64 = text
+        .trim()
+        .parse()
+        .ok()
+        .filter(|s: &f64| s.is_finite() && *s >= 0.0 && *s <= 1e9)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "{flag} {text}: expected a number of seconds such as 30 or 0.5 (0 disables)"
+            ))
+        })?;
+    Ok((secs > 0.0).then(|| Duration::from_secs_f64(secs)))
+}
+
+/// Octal permission bits without write bits.
+fn parse_mode(flag: &str, text: &str) -> Result<u16> {
+    let mode = u16::from_str_radix(text.trim().trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| {
+            Error::invalid(format!("{flag} {text}: expected octal bits such as 0444"))
+        })?;
+    if mode & 0o222 != 0 {
+        return Err(Error::invalid(format!(
+            "{flag} {text}: shufflefs is read-only; drop the write bits (e.g. {:04o})",
+            mode & !0o222
+        )));
+    }
+    Ok(mode)
+}
 
 /// Runs `mount`.
 pub fn run(mut args: MountArgs) -> Result<()> {
@@ -63,6 +97,30 @@ pub fn run(mut args: MountArgs) -> Result<()> {
             args.prefetch_workers
         )));
     }
+    if let Some(expected) = &args.expect_fingerprint
+        && !expected.trim().eq_ignore_ascii_case(&info.fingerprint)
+    {
+        return Err(Error::invalid(format!(
+            "--expect-fingerprint {expected} does not match this mount's fingerprint {}: the \
+             dataset, the plan options (seed, window, stride, batch size, ranks, epochs, mode, \
+             pad id) or the shufflefs version differ from the run being resumed; compare \
+             `shufflefs plan --info` outputs, or drop the flag to start a new order",
+            info.fingerprint
+        )));
+    }
+    let read_timeout = parse_seconds("--read-timeout", &args.read_timeout)?;
+    let owner = Ownership {
+        uid: args.uid.unwrap_or_else(|| nix::unistd::getuid().as_raw()),
+        gid: args.gid.unwrap_or_else(|| nix::unistd::getgid().as_raw()),
+        file_mode: parse_mode("--file-mode", &args.file_mode)?,
+        dir_mode: parse_mode("--dir-mode", &args.dir_mode)?,
+    };
+    if args.prefetch_depth > 0 && args.prefetch_workers == 0 {
+        return Err(Error::invalid(
+            "--prefetch-workers 0 would queue prefetches that never run: use --prefetch-depth 0 \
+             to turn prefetch off",
+        ));
+    }
     let mut fs = ShuffleFs::new(view)?;
     if args.stub_reads {
         log::warn!("--stub-reads: every step file serves the same bytes (benchmarking only)");
@@ -76,7 +134,7 @@ pub fn run(mut args: MountArgs) -> Result<()> {
             workers: args.prefetch_workers,
         },
     ));
-    let mountpoint = prepare_mountpoint(&args.mountpoint)?;
+    let mountpoint = prepare_mountpoint(&args.mountpoint, args.on_top)?;
     let dataset = args
         .dataset_dir
         .canonicalize()
@@ -84,13 +142,16 @@ pub fn run(mut args: MountArgs) -> Result<()> {
     let threads = args.threads.unwrap_or_else(default_threads);
     if !(1..=MAX_THREADS).contains(&threads) {
         return Err(Error::invalid(format!(
-            "--threads {threads} is out of range: use 1 to {MAX_THREADS} (default: one per core)"
+            "--threads {threads} is out of range: use 1 to {MAX_THREADS} (default: cores + 1)"
         )));
     }
     let options = MountOptions {
         threads,
         allow_other: args.allow_other,
         fsname: dataset.display().to_string(),
+        owner,
+        read_timeout,
+        on_top: args.on_top,
     };
     if args.foreground {
         return serve(fs, cache, &mountpoint, &options, None);
