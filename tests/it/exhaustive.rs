@@ -1,7 +1,7 @@
 //! Exhaustive checks (issue #5). Every expectation comes from a reference that shares no
 //! code with the read path: the shard bytes read from disk and sliced here, a numpy header
-//! written here, and `shufflefs::feistel::Permutation` (pinned separately) for the order.
-//! All randomness is seeded.
+//! written here, `shufflefs::feistel::Permutation` (pinned separately) for the order, and
+//! directory listings or canonical decimals for names. All randomness is seeded.
 //!
 //! - `epochs_are_byte_exact_against_the_shards`: every `S.npy` and `S.json` of epochs 0
 //!   and 1, for 1, 2 and 8 ranks (u32, u16 and u64 random tokens, windows across shard
@@ -17,20 +17,34 @@
 //!   method (`seek` + `read`, `pread`, `mmap`), including lengths past EOF and offsets at and
 //!   far past it, on step `.npy` (larger than one FUSE request) and `.json`, observation
 //!   files, lookup files and `info.json`.
+//! - `name_fuzzing_gives_the_canonical_entry_or_enoent`: in each of the 11 directory levels,
+//!   an adversarial list plus 100,000 generated names (canonical in and out of range,
+//!   leading zeros, signs, whitespace, unicode digits, suffix variants, huge numbers, random
+//!   bytes, edits of canonical names, dot-like names, names up to 4000 bytes), looked up
+//!   twice: in `ShuffleFs::lookup` directly (no FUSE; `/` and NUL included) and, with fresh
+//!   names, through the mount with `std::fs::symlink_metadata` (about 6 us per lookup here,
+//!   so the full count fits in a few seconds). Every answer must be the entry the directory
+//!   listing shows under exactly that name, or `ENOENT`: nothing else, except that a kernel
+//!   with the old 1024-byte FUSE name limit answers longer names with `ENAMETOOLONG` itself
+//!   (counted separately; Linux 6.18 passes 4000-byte names to the daemon). Names looked up
+//!   inside files are `ENOTDIR`. At the end the daemon still serves correct bytes and is in
+//!   the mount table.
 //!
-//! The whole module runs in a few seconds (the test profile builds with opt-level 2).
+//! The whole module runs in about 10 s (the test profile builds with opt-level 2).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::hash::{Hash, Hasher};
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::fs::FileExt;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirEntryExt, FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+use shufflefs::Error;
 use shufflefs::dtype::ScalarType;
 use shufflefs::feistel::Permutation;
-use shufflefs::fs::{ROOT_INO, ShuffleFs};
+use shufflefs::fs::{DirEntry, Kind, ROOT_INO, ShuffleFs};
 use shufflefs::pack::{PackOptions, pack};
 use shufflefs::prefetch::PrefetchConfig;
 use shufflefs::view::{View, ViewConfig};
@@ -38,6 +52,10 @@ use tempfile::TempDir;
 
 use crate::common::*;
 
+/// Generated names per directory level looked up through the mount (each a FUSE round trip).
+const MOUNT_NAMES_PER_LEVEL: usize = 100_000;
+/// Generated names per directory level given to `ShuffleFs::lookup` directly.
+const DIRECT_NAMES_PER_LEVEL: usize = 100_000;
 /// Random reads per method (seek+read, pread, mmap).
 const READS_PER_METHOD: usize = 10_000;
 
@@ -171,6 +189,11 @@ fn u64s(v: &serde_json::Value) -> Vec<u64> {
         .iter()
         .map(|x| x.as_u64().unwrap())
         .collect()
+}
+
+fn errno(e: &std::io::Error) -> i32 {
+    e.raw_os_error()
+        .unwrap_or_else(|| panic!("no errno in {e:?}"))
 }
 
 /// Counts differing bytes (a length difference counts as that many mismatches).
@@ -660,4 +683,680 @@ fn random_reads_match_the_whole_file() {
          {multi_request} over 128 KiB) on {files} files, all byte-exact",
         counts[0], counts[1], counts[2]
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. Name fuzzing
+
+/// The names a directory level holds.
+#[derive(Clone, Copy, Debug)]
+enum Vocab {
+    /// Fixed names.
+    Fixed(&'static [&'static str]),
+    /// Canonical decimals below the bound.
+    Index(u64),
+    /// Canonical decimals below the bound, each with every one of the suffixes.
+    Files(u64, &'static [&'static str]),
+}
+
+impl Vocab {
+    /// Every name of the level, built from the grammar (not from the code under test).
+    fn all(self) -> BTreeSet<Vec<u8>> {
+        match self {
+            Vocab::Fixed(names) => names.iter().map(|n| n.as_bytes().to_vec()).collect(),
+            Vocab::Index(bound) => (0..bound).map(|i| i.to_string().into_bytes()).collect(),
+            Vocab::Files(bound, suffixes) => (0..bound)
+                .flat_map(|i| suffixes.iter().map(move |s| format!("{i}{s}").into_bytes()))
+                .collect(),
+        }
+    }
+
+    fn bound(self) -> u64 {
+        match self {
+            Vocab::Fixed(_) => 10,
+            Vocab::Index(b) | Vocab::Files(b, _) => b,
+        }
+    }
+
+    fn suffixes(self) -> &'static [&'static str] {
+        match self {
+            Vocab::Files(_, s) => s,
+            _ => &[""],
+        }
+    }
+}
+
+const ROOT_NAMES: &[&str] = &["info.json", "stats.json", "epoch", "observation", "lookup"];
+const ALL_FIXED: &[&str] = &[
+    "info.json",
+    "stats.json",
+    "epoch",
+    "observation",
+    "lookup",
+    "rank",
+    "step",
+];
+
+/// Whitespace, invisible and look-alike characters.
+const SPACES: &[&str] = &[
+    " ", "\t", "\n", "\r", "\x0b", "\x0c", "\u{a0}", "\u{2003}", "\u{3000}", "\u{200b}",
+    "\u{feff}", "\u{85}",
+];
+/// Code points of the digit zero in scripts whose digits `char::is_numeric` accepts.
+const UNICODE_ZEROS: &[u32] = &[
+    0x660, 0x6F0, 0x7C0, 0x966, 0x9E6, 0xA66, 0xE50, 0xFF10, 0x1D7CE, 0x1D7D8, 0x1D7EC, 0x1D7F6,
+    0x2080, 0x1040,
+];
+const SUFFIX_VARIANTS: &[&str] = &[
+    ".NPY",
+    ".Npy",
+    ".nPy",
+    ".npY",
+    ".JSON",
+    ".Json",
+    ".jSON",
+    ".npy.npy",
+    ".json.json",
+    ".npy.json",
+    ".json.npy",
+    ".npy.",
+    ".json.",
+    ".",
+    "",
+    ".np",
+    ".npz",
+    ".jsonl",
+    ".js",
+    ".txt",
+    " .npy",
+    ".npy ",
+    "..npy",
+    "..json",
+    ".npy~",
+    ".npy.swp",
+    "_npy",
+    "npy",
+    "json",
+    ".\u{ff4e}py",
+    "\u{ff0e}npy",
+    ".n\u{200b}py",
+    ".npy\u{0}",
+    ".json/",
+    ".npy\n",
+];
+const DOTS: &[&str] = &[
+    ".",
+    "..",
+    "...",
+    "....",
+    ". ",
+    " .",
+    ".\t",
+    "./",
+    "../",
+    ".\u{2024}",
+    "\u{ff0e}",
+    "\u{2024}",
+    "\u{2025}",
+    ".npy",
+    ".json",
+    "..npy",
+    "...npy",
+    "..json",
+    "0.",
+    "0..npy",
+    ".0",
+    ".0.npy",
+    "0.0",
+    "0..",
+    "5.",
+    ".5",
+    "5..",
+    "..5",
+    "./5",
+    "5/.",
+];
+const HUGE: &[&str] = &[
+    "18446744073709551615",
+    "18446744073709551616",
+    "18446744073709551614",
+    "99999999999999999999",
+    "100000000000000000000",
+    "340282366920938463463374607431768211456",
+    "4294967296",
+    "9223372036854775808",
+];
+
+/// A canonical in-range name of the level.
+fn canonical(rng: &mut Rng, vocab: Vocab) -> String {
+    match vocab {
+        Vocab::Fixed(names) => rng.pick(names).to_string(),
+        Vocab::Index(b) => rng.below(b).to_string(),
+        Vocab::Files(b, s) => format!("{}{}", rng.below(b), rng.pick(s)),
+    }
+}
+
+/// A decimal at or above `bound`.
+fn out_of_range(rng: &mut Rng, bound: u64) -> u64 {
+    match rng.below(4) {
+        0 => bound,
+        1 => bound + rng.between(1, 1000),
+        2 => u64::MAX - rng.below(3),
+        _ => rng.between(bound, u64::MAX),
+    }
+}
+
+fn unicode_digit(rng: &mut Rng, d: u32) -> char {
+    let zero = *rng.pick(UNICODE_ZEROS);
+    char::from_u32(zero + d).unwrap()
+}
+
+/// One generated name for a level (arbitrary bytes; the caller filters what a path cannot
+/// carry).
+fn fuzz_name(rng: &mut Rng, vocab: Vocab) -> Vec<u8> {
+    let bound = vocab.bound();
+    let sfx = *rng.pick(vocab.suffixes());
+    let num = rng.below(bound).to_string();
+    let name: String = match rng.below(100) {
+        // Canonical, in range.
+        0..20 => canonical(rng, vocab),
+        // Canonical decimals out of range; names of other levels.
+        20..28 => match vocab {
+            Vocab::Fixed(_) => match rng.below(3) {
+                0 => rng.pick(ALL_FIXED).to_string(),
+                1 => rng.below(1000).to_string(),
+                _ => format!("{}{}", rng.below(1000), rng.pick(&[".npy", ".json"])),
+            },
+            _ => format!("{}{sfx}", out_of_range(rng, bound)),
+        },
+        // Leading zeros.
+        28..34 => format!("{}{num}{sfx}", "0".repeat(rng.between(1, 25) as usize)),
+        // Signs.
+        34..40 => {
+            let sign = rng.pick(&["+", "-", "++", "+-", "\u{2212}", "\u{ff0b}", "-0", "+0"]);
+            format!("{sign}{num}{sfx}")
+        }
+        // Whitespace around or inside.
+        40..46 => {
+            let base = canonical(rng, vocab);
+            let at = rng.between(0, base.len() as u64) as usize;
+            let at = if base.is_char_boundary(at) { at } else { 0 };
+            format!("{}{}{}", &base[..at], rng.pick(SPACES), &base[at..])
+        }
+        // Unicode digits in place of ASCII ones.
+        46..52 => {
+            let mut out = String::new();
+            for c in num.chars() {
+                if rng.below(2) == 0 {
+                    out.push(unicode_digit(rng, c.to_digit(10).unwrap()));
+                } else {
+                    out.push(c);
+                }
+            }
+            if out == num {
+                let d = rng.below(10) as u32;
+                out = unicode_digit(rng, d).to_string();
+            }
+            format!("{out}{sfx}")
+        }
+        // Suffix variants on a canonical stem (and on fixed names).
+        52..62 => match vocab {
+            Vocab::Fixed(names) => {
+                let base = rng.pick(names);
+                match rng.below(4) {
+                    0 => base.to_uppercase(),
+                    1 => format!("{base}{}", rng.pick(SUFFIX_VARIANTS)),
+                    2 => base[..rng.below(base.len() as u64) as usize].to_string(),
+                    _ => format!("{}{base}", rng.pick(&[".", "_", "0", "5", " ", "\u{200b}"])),
+                }
+            }
+            _ => format!("{num}{}", rng.pick(SUFFIX_VARIANTS)),
+        },
+        // Huge numbers.
+        62..68 => {
+            let digits = match rng.below(3) {
+                0 => rng.pick(HUGE).to_string(),
+                1 => (0..rng.between(20, 30))
+                    .map(|_| char::from(b'1' + rng.below(9) as u8))
+                    .collect(),
+                _ => "9".repeat(rng.between(21, 300) as usize),
+            };
+            format!("{digits}{sfx}")
+        }
+        // Random bytes (any byte; mostly short).
+        68..78 => {
+            let len = if rng.below(10) == 0 {
+                rng.between(1, 255)
+            } else {
+                rng.between(1, 12)
+            };
+            return (0..len).map(|_| rng.next() as u8).collect();
+        }
+        // Edits of a canonical name: replace, insert, delete, swap, duplicate.
+        78..92 => {
+            let mut b = canonical(rng, vocab).into_bytes();
+            for _ in 0..rng.between(1, 3) {
+                let at = rng.below(b.len() as u64 + 1) as usize;
+                let byte = if rng.below(2) == 0 {
+                    *rng.pick(b"0123456789.+- _njpysoNJPYSO")
+                } else {
+                    rng.next() as u8
+                };
+                match rng.below(5) {
+                    0 if at < b.len() => b[at] = byte,
+                    1 => b.insert(at, byte),
+                    2 if at < b.len() && b.len() > 1 => {
+                        b.remove(at);
+                    }
+                    3 if at + 1 < b.len() => b.swap(at, at + 1),
+                    _ if at < b.len() => b.insert(at, b[at]),
+                    _ => b.push(byte),
+                }
+            }
+            return b;
+        }
+        // Dot-like names.
+        92..97 => format!(
+            "{}{}",
+            rng.pick(DOTS),
+            if rng.below(3) == 0 { sfx } else { "" }
+        ),
+        // Long names.
+        _ => {
+            let len = *rng.pick(&[21, 64, 255, 256, 1000, 1024, 1025, 4000]) as usize;
+            let body = match rng.below(4) {
+                0 => "1".repeat(len),
+                1 => format!("{}{num}", "0".repeat(len)),
+                2 => format!("{num}{}", " ".repeat(len)),
+                _ => "a".repeat(len),
+            };
+            format!("{body}{sfx}")
+        }
+    };
+    name.into_bytes()
+}
+
+/// The adversarial names every level gets.
+fn adversarial() -> Vec<Vec<u8>> {
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    let base = [
+        "+5",
+        "05",
+        "00",
+        "5 ",
+        "\u{663}",
+        "0x5",
+        "-0",
+        "18446744073709551616",
+        "5.npy.",
+        "5.NPY",
+        "5.npy.npy",
+        "5",
+        "0",
+        "5.npy",
+        "5.json",
+        "0.npy",
+        "0.json",
+        " 5",
+        "5\t",
+        "\u{ff15}",
+        "\u{0665}.npy",
+        "5e0",
+        "5.0",
+        "0b101",
+        "0o5",
+        "5_",
+        "1_0",
+        "٥",
+        "INFO.JSON",
+        "info.json ",
+        "Info.json",
+        "info.json.",
+        "info",
+        "Epoch",
+        "epoch ",
+        "epochs",
+        "rank.",
+        "ranks",
+        "Rank",
+        "steps",
+        "Step",
+        "observations",
+        "Observation",
+        "lookup ",
+        "LOOKUP",
+        "stats",
+        "stats.JSON",
+    ];
+    for b in base {
+        out.push(b.as_bytes().to_vec());
+        for sfx in [".npy", ".json"] {
+            out.push(format!("{b}{sfx}").into_bytes());
+        }
+    }
+    for d in DOTS {
+        out.push(d.as_bytes().to_vec());
+    }
+    for n in HUGE {
+        out.push(n.as_bytes().to_vec());
+        out.push(format!("{n}.npy").into_bytes());
+    }
+    for long in [
+        "5".repeat(4000),
+        format!("{}.npy", "5".repeat(3996)),
+        format!("{}5.npy", "0".repeat(3995)),
+        format!("{}.json", "1".repeat(3995)),
+        "a".repeat(4000),
+        format!("5.npy{}", " ".repeat(3995)),
+        "5".repeat(255),
+        "5".repeat(256),
+    ] {
+        out.push(long.into_bytes());
+    }
+    for raw in [
+        &b"\xff"[..],
+        b"5\xff",
+        b"\xff.npy",
+        b"5\xff.npy",
+        b"5.npy\xff",
+        b"\xc0\xb5",
+        b"\xc0\xb5.npy",
+        b"\xed\xa0\x80",
+        b"5\x80.json",
+        b"\xfe\xff",
+        b"\xc3",
+        b"\xf0\x9f\x98",
+        b"\xe0\x80\xb5.npy",
+        b"\x01",
+        b"5\x7f.npy",
+        b"5\x00.npy",
+        b"5/",
+        b"/",
+        b"",
+    ] {
+        out.push(raw.to_vec());
+    }
+    out
+}
+
+/// A directory level: its directories (relative paths) and the names they hold.
+struct Level {
+    label: &'static str,
+    dirs: Vec<String>,
+    vocab: Vocab,
+}
+
+fn levels(epochs: u64, ranks: u64, steps: u64, n: u64) -> Vec<Level> {
+    let per_epoch = |f: &dyn Fn(u64) -> String| (0..epochs).map(f).collect::<Vec<_>>();
+    let per_rank = |f: &dyn Fn(u64, u64) -> String| {
+        (0..epochs)
+            .flat_map(|e| (0..ranks).map(move |r| (e, r)))
+            .map(|(e, r)| f(e, r))
+            .collect::<Vec<_>>()
+    };
+    vec![
+        Level {
+            label: "/",
+            dirs: vec![String::new()],
+            vocab: Vocab::Fixed(ROOT_NAMES),
+        },
+        Level {
+            label: "epoch/",
+            dirs: vec!["epoch".into()],
+            vocab: Vocab::Index(epochs),
+        },
+        Level {
+            label: "epoch/E/",
+            dirs: per_epoch(&|e| format!("epoch/{e}")),
+            vocab: Vocab::Fixed(&["rank"]),
+        },
+        Level {
+            label: "epoch/E/rank/",
+            dirs: per_epoch(&|e| format!("epoch/{e}/rank")),
+            vocab: Vocab::Index(ranks),
+        },
+        Level {
+            label: "epoch/E/rank/R/",
+            dirs: per_rank(&|e, r| format!("epoch/{e}/rank/{r}")),
+            vocab: Vocab::Fixed(&["step"]),
+        },
+        Level {
+            label: "epoch/E/rank/R/step/",
+            dirs: per_rank(&|e, r| format!("epoch/{e}/rank/{r}/step")),
+            vocab: Vocab::Files(steps, &[".npy", ".json"]),
+        },
+        Level {
+            label: "observation/",
+            dirs: vec!["observation".into()],
+            vocab: Vocab::Files(n, &[".npy", ".json"]),
+        },
+        Level {
+            label: "lookup/",
+            dirs: vec!["lookup".into()],
+            vocab: Vocab::Fixed(&["epoch"]),
+        },
+        Level {
+            label: "lookup/epoch/",
+            dirs: vec!["lookup/epoch".into()],
+            vocab: Vocab::Index(epochs),
+        },
+        Level {
+            label: "lookup/epoch/E/",
+            dirs: per_epoch(&|e| format!("lookup/epoch/{e}")),
+            vocab: Vocab::Fixed(&["observation"]),
+        },
+        Level {
+            label: "lookup/epoch/E/observation/",
+            dirs: per_epoch(&|e| format!("lookup/epoch/{e}/observation")),
+            vocab: Vocab::Files(n, &[".json"]),
+        },
+    ]
+}
+
+/// A directory's entries by name: (inode, is a directory).
+type Listing = HashMap<Vec<u8>, (u64, bool)>;
+
+fn direct_listing(fs: &ShuffleFs, ino: u64) -> Listing {
+    let mut entries: Vec<DirEntry> = Vec::new();
+    fs.readdir(ino, 0, &mut entries).unwrap();
+    assert_eq!(entries[0].name, ".");
+    assert_eq!(entries[1].name, "..");
+    entries[2..]
+        .iter()
+        .map(|e| {
+            (
+                e.name.clone().into_bytes(),
+                (e.ino, e.kind == Kind::Directory),
+            )
+        })
+        .collect()
+}
+
+fn mount_listing(dir: &Path) -> Listing {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().as_bytes().to_vec(),
+                (e.ino(), e.file_type().unwrap().is_dir()),
+            )
+        })
+        .collect()
+}
+
+fn walk_direct(fs: &ShuffleFs, rel: &str) -> u64 {
+    rel.split('/')
+        .filter(|p| !p.is_empty())
+        .fold(ROOT_INO, |ino, part| {
+            fs.lookup(ino, OsStr::new(part)).unwrap().ino
+        })
+}
+
+/// Whether a name can be a single path component (the kernel resolves `.` and `..` itself).
+fn one_component(name: &[u8]) -> bool {
+    !name.is_empty() && name != b"." && name != b".." && !name.contains(&b'/') && !name.contains(&0)
+}
+
+#[test]
+fn name_fuzzing_gives_the_canonical_entry_or_enoent() {
+    let data = Positional::new(2_000, 1_000);
+    let (epochs, ranks) = (7, 6);
+    let cfg = config(10, 10, 2, ranks, 3, epochs);
+    let fs = data.fs(&cfg);
+    let (steps, n) = (
+        fs.view().plan().steps_per_epoch(),
+        fs.view().plan().n_observations(),
+    );
+    assert!(
+        steps > 5 && n > 5,
+        "`5` is in range at every numbered level"
+    );
+    let levels = levels(epochs, ranks, steps, n);
+    let adversarial = adversarial();
+
+    // Without FUSE: every name, '/' and NUL included, straight into ShuffleFs::lookup.
+    let mut rng = Rng(5);
+    let mut summary = Vec::new();
+    for level in &levels {
+        let listings: Vec<(u64, Listing)> = level
+            .dirs
+            .iter()
+            .map(|d| {
+                let ino = walk_direct(&fs, d);
+                let listing = direct_listing(&fs, ino);
+                let names: BTreeSet<Vec<u8>> = listing.keys().cloned().collect();
+                assert_eq!(names, level.vocab.all(), "{d}: listing");
+                (ino, listing)
+            })
+            .collect();
+        let (mut found, mut enoent) = (0usize, 0usize);
+        let mut check = |dir: usize, name: &[u8]| {
+            let (ino, listing) = &listings[dir];
+            match (fs.lookup(*ino, OsStr::from_bytes(name)), listing.get(name)) {
+                (Ok(a), Some(&(want, is_dir))) => {
+                    assert_eq!((a.ino, a.kind == Kind::Directory), (want, is_dir));
+                    found += 1;
+                }
+                (Err(Error::NotFound), None) => enoent += 1,
+                (got, want) => panic!(
+                    "{}/{:?}: lookup gave {got:?}, the listing has {want:?}",
+                    level.dirs[dir],
+                    String::from_utf8_lossy(name)
+                ),
+            }
+        };
+        for name in &adversarial {
+            for dir in 0..listings.len() {
+                check(dir, name);
+            }
+        }
+        for _ in 0..DIRECT_NAMES_PER_LEVEL {
+            let dir = rng.below(listings.len() as u64) as usize;
+            let name = fuzz_name(&mut rng, level.vocab);
+            check(dir, &name);
+        }
+        summary.push(format!("{} {found}+{enoent}", level.label));
+    }
+    // A name looked up inside a file is ENOTDIR, whatever the name.
+    for file in [
+        "info.json",
+        "stats.json",
+        "epoch/6/rank/5/step/0.npy",
+        "epoch/0/rank/0/step/0.json",
+        "observation/5.npy",
+        "observation/5.json",
+        "lookup/epoch/6/observation/5.json",
+    ] {
+        let ino = walk_direct(&fs, file);
+        for name in &adversarial {
+            let got = fs.lookup(ino, OsStr::from_bytes(name));
+            assert!(
+                matches!(got, Err(Error::NotADirectory)),
+                "{file}/{name:?}: {got:?}"
+            );
+        }
+    }
+    eprintln!(
+        "name fuzzing without FUSE (found+ENOENT): {}",
+        summary.join(", ")
+    );
+
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new(data.fs(&cfg));
+    let root = m.path();
+    let mut rng = Rng(6);
+    let mut summary = Vec::new();
+    for level in &levels {
+        let listings: Vec<(PathBuf, Listing)> = level
+            .dirs
+            .iter()
+            .map(|d| {
+                let dir = root.join(d);
+                let listing = mount_listing(&dir);
+                let names: BTreeSet<Vec<u8>> = listing.keys().cloned().collect();
+                assert_eq!(names, level.vocab.all(), "{d}: listing through the mount");
+                // `.` and `..` are the kernel's: the directory itself and its parent.
+                let own = fs::symlink_metadata(&dir).unwrap().ino();
+                assert_eq!(fs::symlink_metadata(dir.join(".")).unwrap().ino(), own);
+                if !d.is_empty() {
+                    let parent = fs::symlink_metadata(dir.parent().unwrap()).unwrap().ino();
+                    assert_eq!(fs::symlink_metadata(dir.join("..")).unwrap().ino(), parent);
+                }
+                (dir, listing)
+            })
+            .collect();
+        let (mut found, mut enoent, mut too_long) = (0usize, 0usize, 0usize);
+        let mut check = |dir: usize, name: &[u8]| {
+            let (path, listing) = &listings[dir];
+            let path = path.join(OsStr::from_bytes(name));
+            match (fs::symlink_metadata(&path), listing.get(name)) {
+                (Ok(meta), Some(&(want, is_dir))) => {
+                    assert_eq!((meta.ino(), meta.is_dir()), (want, is_dir), "{path:?}");
+                    found += 1;
+                }
+                (Err(e), None) if errno(&e) == libc::ENOENT => enoent += 1,
+                // Names over the kernel's FUSE limit never reach the daemon.
+                (Err(e), None) if errno(&e) == libc::ENAMETOOLONG && name.len() > 1024 => {
+                    too_long += 1
+                }
+                (got, want) => {
+                    panic!("{path:?}: symlink_metadata gave {got:?}, the listing has {want:?}")
+                }
+            }
+        };
+        for name in adversarial.iter().filter(|n| one_component(n)) {
+            for dir in 0..listings.len() {
+                check(dir, name);
+            }
+        }
+        let mut generated = 0;
+        while generated < MOUNT_NAMES_PER_LEVEL {
+            let name = fuzz_name(&mut rng, level.vocab);
+            if one_component(&name) {
+                let dir = rng.below(listings.len() as u64) as usize;
+                check(dir, &name);
+                generated += 1;
+            }
+        }
+        summary.push(format!("{} {found}+{enoent}+{too_long}", level.label));
+    }
+    eprintln!(
+        "name fuzzing through the mount (found+ENOENT+ENAMETOOLONG): {}",
+        summary.join(", ")
+    );
+    // The daemon is alive and still serves correct bytes.
+    let path = m.step(6, 5, steps - 1, "npy");
+    let got = fs::read(&path).unwrap();
+    let obs = json_observations(&fs::read(m.step(6, 5, steps - 1, "json")).unwrap());
+    let mut want = numpy_header("<u4", &[2, 10]);
+    want.extend_from_slice(&expected_rows(&obs, &cfg, ScalarType::U32));
+    assert_eq!(got, want);
+    assert!(
+        is_mounted(root),
+        "the mount is still in /proc/self/mountinfo"
+    );
+    m.unmount();
 }
