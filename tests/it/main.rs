@@ -1,10 +1,13 @@
 //! Integration tests, one binary (fewer links on a 2-core machine):
 //! - `model`: the filesystem model without FUSE against an independent reference;
 //! - `mounted`: real mounts in a TempDir, read through std::fs;
-//! - `cli`: the `shufflefs` binary, its daemon, signals and stale mounts.
+//! - `cli`: the `shufflefs` binary, its daemon, signals and stale mounts;
+//! - `exhaustive`: whole epochs byte for byte against the shards, determinism across
+//!   threads, cache and read order, random read ranges, and name fuzzing (issue #5).
 
 mod cli;
 mod common;
+mod exhaustive;
 mod model;
 mod mounted;
 mod records;
