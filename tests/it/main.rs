@@ -1,11 +1,13 @@
 //! Integration tests, one binary (fewer links on a 2-core machine):
 //! - `model`: the filesystem model without FUSE against an independent reference;
 //! - `mounted`: real mounts in a TempDir, read through std::fs;
-//! - `cli`: the `shufflefs` binary, its daemon, signals and stale mounts.
+//! - `cli`: the `shufflefs` binary, its daemon, signals and stale mounts;
+//! - `ops`: the mount(8) helper and the systemd units in mount/.
 
 mod cli;
 mod common;
 mod model;
 mod mounted;
+mod ops;
 mod records;
 mod scale;
