@@ -3,12 +3,14 @@
 //! - `mounted`: real mounts in a TempDir, read through std::fs;
 //! - `cli`: the `shufflefs` binary, its daemon, signals and stale mounts;
 //! - `exhaustive`: whole epochs byte for byte against the shards, determinism across
-//!   threads, cache and read order, random read ranges, and name fuzzing (issue #5).
+//!   threads, cache and read order, random read ranges, and name fuzzing (issue #5);
+//! - `ops`: the mount(8) helper and the systemd units in mount/.
 
 mod cli;
 mod common;
 mod exhaustive;
 mod model;
 mod mounted;
+mod ops;
 mod records;
 mod scale;
