@@ -110,7 +110,7 @@ fn helper_translates_options_and_drops_generic_ones() {
     assert!(o.stdout.is_empty());
     // Every generic mount(8) option is dropped, wherever it stands; several -o are joined;
     // flags may be combined; -t, -s and -n change nothing.
-    let generic = "defaults,ro,auto,noauto,user,user=bob,users,nouser,nousers,owner,noowner,\
+    let generic = "defaults,ro,rw,default_permissions,auto,noauto,user,user=bob,users,nouser,nousers,owner,noowner,\
                    group,nogroup,nofail,_netdev,dev,nodev,suid,nosuid,exec,noexec,sync,async,\
                    dirsync,atime,noatime,diratime,nodiratime,relatime,norelatime,strictatime,\
                    nostrictatime,lazytime,nolazytime,iversion,noiversion,mand,nomand,silent,\
@@ -156,12 +156,8 @@ fn helper_translates_options_and_drops_generic_ones() {
 }
 
 #[test]
-fn helper_refuses_rw_and_what_mount_cannot_do() {
+fn helper_refuses_what_mount_cannot_do() {
     let cases: &[(&[&str], &str)] = &[
-        (
-            &["-o", "rw,window=10,batch_size=2"],
-            "shufflefs is read-only: use the option ro instead of rw",
-        ),
         (&["-o", "ro,remount"], "cannot be remounted"),
         (
             &["-o", "ro,foreground"],
