@@ -34,6 +34,9 @@ pub enum Command {
     Unmount(UnmountArgs),
     /// Print a dataset's summary.
     Inspect(InspectArgs),
+    /// Read every byte of a dataset and check it against the manifest's hashes and block
+    /// checksums (exit 1 on any mismatch).
+    Verify(VerifyArgs),
     /// Print one step's S.json without mounting.
     Plan(PlanArgs),
     /// Write a raw token file of positional tokens (token i has value i), for demos and tests.
@@ -174,6 +177,10 @@ pub struct MountArgs {
     /// hides the old one until it is unmounted).
     #[arg(long, help_heading = MOUNT_HEADING)]
     pub on_top: bool,
+    /// Check every shard read against the dataset's block checksums before serving it (EIO on
+    /// a mismatch). Reads whole 64 KiB blocks and hashes them: slower, for suspect storage.
+    #[arg(long, help_heading = MOUNT_HEADING)]
+    pub verify_reads: bool,
 }
 
 /// `shufflefs unmount`.
@@ -184,6 +191,24 @@ pub struct UnmountArgs {
     /// Detach even if busy; the mount disappears when its last user leaves.
     #[arg(long)]
     pub lazy: bool,
+}
+
+/// `shufflefs verify`.
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The packed dataset directory.
+    pub dataset_dir: PathBuf,
+    /// Add block checksum files to shards that have none (in-place datasets, or packed by
+    /// format version 2) and rewrite the manifest, when everything else verifies. This changes
+    /// the dataset's content hash and so the mount fingerprint.
+    #[arg(long)]
+    pub write_checksums: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Do not show a progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
 }
 
 /// `shufflefs inspect`.

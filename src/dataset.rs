@@ -46,6 +46,8 @@ pub struct Shard {
     len: u64,
     source: Arc<dyn ReadAt>,
     docs: Option<Box<DocFiles>>,
+    /// The block checksum file (`checksum.rs`), when the manifest lists one.
+    sums: Option<Box<Shard>>,
 }
 
 /// The document and metadata files of one shard (format.rs `ShardDocs`).
@@ -108,7 +110,72 @@ impl Shard {
             len,
             source,
             docs: None,
+            sums: None,
         }
+    }
+
+    /// Attaches the block checksum file.
+    pub fn with_sums(mut self, sums: Shard) -> Shard {
+        self.sums = Some(Box::new(sums));
+        self
+    }
+
+    /// The block checksum file, if any.
+    pub fn sums(&self) -> Option<&Shard> {
+        self.sums.as_deref()
+    }
+
+    /// Fills `buf` from `offset` (see [`Shard::read_exact_at`]), public for `shufflefs verify`.
+    pub fn read_exact(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.read_exact_at(buf, offset)
+    }
+
+    /// Like [`Shard::read_exact_at`], but reads every whole checksum block the range touches
+    /// and checks each against the checksum file before copying any byte out: a block that
+    /// changed after packing is an error, never served.
+    fn read_verified_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        use crate::checksum::{BLOCK, block_sum};
+        let Some(sums) = self.sums.as_deref() else {
+            return Err(Error::dataset(
+                &self.path,
+                "--verify-reads: this shard has no checksums; run `shufflefs verify \
+                 --write-checksums DATASET_DIR`",
+            ));
+        };
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let first = offset / BLOCK;
+        let last = (offset + buf.len() as u64 - 1) / BLOCK;
+        let start = first * BLOCK;
+        let end = ((last + 1) * BLOCK).min(self.len);
+        let mut blocks = vec![0u8; (end - start) as usize];
+        self.read_exact_at(&mut blocks, start)?;
+        let mut want = vec![0u8; ((last - first + 1) * 8) as usize];
+        sums.read_exact_at(&mut want, first * 8)?;
+        for (k, (block, sum)) in blocks
+            .chunks(BLOCK as usize)
+            .zip(want.chunks_exact(8))
+            .enumerate()
+        {
+            let sum = u64::from_le_bytes(sum.try_into().expect("8 bytes"));
+            if block_sum(block) != sum {
+                let at = start + k as u64 * BLOCK;
+                return Err(Error::dataset(
+                    &self.path,
+                    format!(
+                        "bytes {at}..{} fail their checksum (block {}): the shard changed \
+                         after packing; restore it or re-run `shufflefs pack` (`shufflefs \
+                         verify` lists every bad block)",
+                        at + block.len() as u64,
+                        first + k as u64
+                    ),
+                ));
+            }
+        }
+        let skip = (offset - start) as usize;
+        buf.copy_from_slice(&blocks[skip..skip + buf.len()]);
+        Ok(())
     }
 
     /// Attaches document files.
@@ -203,6 +270,8 @@ pub struct Dataset {
     ends: Vec<u64>,
     /// `doc_ends[i]` is one past the last document starting in shard `i` (with documents).
     doc_ends: Vec<u64>,
+    /// Check every shard read against the block checksums (`--verify-reads`).
+    verify_reads: bool,
 }
 
 impl Dataset {
@@ -266,26 +335,30 @@ impl Dataset {
                 nix::fcntl::PosixFadviseAdvice::POSIX_FADV_RANDOM,
             );
             let mut shard = Shard::new(path, entry.bytes, Arc::new(file));
+            let open = |name: &str, want: Option<u64>| -> Result<Shard> {
+                let path = dir.join(name);
+                let file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(&path)
+                    .map_err(|e| shard_open_error(&path, &e))?;
+                let len = file.metadata().map_err(|e| Error::io(&path, e))?.len();
+                match want {
+                    Some(want) if len != want => Err(Error::dataset(
+                        &path,
+                        format!(
+                            "file is {len} bytes but the manifest implies {want}: it was \
+                             modified after packing; re-run `shufflefs pack`"
+                        ),
+                    )),
+                    _ => Ok(Shard::new(path, len, Arc::new(file))),
+                }
+            };
+            if let Some(c) = &entry.checksums {
+                shard =
+                    shard.with_sums(open(&c.file, Some(crate::checksum::file_len(entry.bytes)))?);
+            }
             if let Some(d) = &entry.docs {
-                let open = |name: &str, want: Option<u64>| -> Result<Shard> {
-                    let path = dir.join(name);
-                    let file = std::fs::OpenOptions::new()
-                        .read(true)
-                        .custom_flags(libc::O_NOFOLLOW)
-                        .open(&path)
-                        .map_err(|e| shard_open_error(&path, &e))?;
-                    let len = file.metadata().map_err(|e| Error::io(&path, e))?.len();
-                    match want {
-                        Some(want) if len != want => Err(Error::dataset(
-                            &path,
-                            format!(
-                                "file is {len} bytes but the manifest implies {want}: it was \
-                                 modified after packing; re-run `shufflefs pack`"
-                            ),
-                        )),
-                        _ => Ok(Shard::new(path, len, Arc::new(file))),
-                    }
-                };
                 let sizes = (
                     entry.records.checked_mul(4),
                     d.entries.checked_add(1).and_then(|n| n.checked_mul(8)),
@@ -332,7 +405,28 @@ impl Dataset {
             shards,
             ends,
             doc_ends,
+            verify_reads: false,
         }
+    }
+
+    /// Checks every shard read against the block checksums from now on (`--verify-reads`).
+    /// Refused when a shard has no checksum file.
+    pub fn with_verified_reads(mut self) -> Result<Dataset> {
+        if let Some(s) = self.shards.iter().find(|s| s.sums.is_none()) {
+            return Err(Error::dataset(
+                &s.path,
+                "--verify-reads needs block checksums, and this shard has none (an in-place \
+                 dataset or one packed before format version 3): add them with `shufflefs \
+                 verify --write-checksums DATASET_DIR`",
+            ));
+        }
+        self.verify_reads = true;
+        Ok(self)
+    }
+
+    /// Whether reads are checked against the block checksums.
+    pub fn verifies_reads(&self) -> bool {
+        self.verify_reads
     }
 
     /// Replaces the byte source of every file (shards and document files) with `wrap(path,
@@ -343,6 +437,9 @@ impl Dataset {
     ) -> Dataset {
         for shard in &mut self.shards {
             shard.source = wrap(&shard.path, shard.source.clone());
+            if let Some(sums) = shard.sums.as_mut() {
+                sums.source = wrap(&sums.path, sums.source.clone());
+            }
             if let Some(d) = shard.docs.as_mut() {
                 for f in [&mut d.ids, &mut d.index, &mut d.meta, &mut d.docs] {
                     f.source = wrap(&f.path, f.source.clone());
@@ -548,7 +645,11 @@ impl Dataset {
             let shard = &self.shards[index];
             let shard_start = self.ends[index] - shard.len;
             let take = (self.ends[index].min(end) - pos) as usize;
-            shard.read_exact_at(&mut buf[filled..filled + take], pos - shard_start)?;
+            if self.verify_reads {
+                shard.read_verified_at(&mut buf[filled..filled + take], pos - shard_start)?;
+            } else {
+                shard.read_exact_at(&mut buf[filled..filled + take], pos - shard_start)?;
+            }
             filled += take;
             pos += take as u64;
             index += 1;
@@ -579,6 +680,7 @@ mod tests {
                 hash: format_hash(0),
                 docs: None,
                 in_place_mtime_ns: None,
+                checksums: None,
             });
             shards.push(Shard::new(format!("s{i}"), len, Arc::new(bytes)));
         }

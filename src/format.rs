@@ -30,9 +30,14 @@ pub const MANIFEST: &str = "manifest.json";
 /// The value of the manifest's `format` field.
 pub const FORMAT_NAME: &str = "shufflefs-dataset";
 
-/// The manifest version this build writes and reads. Bumped on any change that an older
-/// reader would misread; readers refuse other versions with a message saying what to do.
-pub const VERSION: u32 = 2;
+/// The manifest version this build writes. Bumped on any change that an older reader would
+/// misread; readers refuse versions they do not know with a message saying what to do.
+/// Version 3 added per-shard block checksums (`checksums`).
+pub const VERSION: u32 = 3;
+
+/// The oldest manifest version this build reads: a version 2 manifest is a version 3 one
+/// without checksums.
+pub const MIN_VERSION: u32 = 2;
 
 /// One shard of the stream.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +60,21 @@ pub struct ShardEntry {
     /// reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_place_mtime_ns: Option<u64>,
+    /// Block checksums of the shard bytes (version 3; optional).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksums: Option<ShardChecksums>,
+}
+
+/// A shard's checksum file (see `checksum.rs` and docs/FORMAT.md).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardChecksums {
+    /// The checksum file's name, inside the dataset directory.
+    pub file: String,
+    /// Bytes per block: always [`crate::checksum::BLOCK`].
+    pub block: u64,
+    /// Content hash of the checksum file ([`ContentHasher`]), 16 hex digits.
+    pub hash: String,
 }
 
 /// Per-shard document and metadata files (see docs/FORMAT.md):
@@ -143,9 +163,9 @@ impl Manifest {
                 self.format
             ));
         }
-        if self.version != VERSION {
+        if !(MIN_VERSION..=VERSION).contains(&self.version) {
             return fail(format!(
-                "manifest version {} but this shufflefs reads version {VERSION}: \
+                "manifest version {} but this shufflefs reads versions {MIN_VERSION} to {VERSION}: \
                  re-run `shufflefs pack` with this version, or use the shufflefs that wrote it",
                 self.version
             ));
@@ -192,6 +212,40 @@ impl Manifest {
             }
             if self.shards[..i].iter().any(|s| s.path == shard.path) {
                 return fail(format!("shards[{i}].path {:?} is listed twice", shard.path));
+            }
+            if let Some(c) = &shard.checksums {
+                if self.version < 3 {
+                    return fail(format!(
+                        "shards[{i}].checksums needs manifest version 3, not {}",
+                        self.version
+                    ));
+                }
+                check_shard_path(&c.file)
+                    .map_err(|e| dataset_err(format!("shards[{i}].checksums.file: {e}")))?;
+                if c.block != crate::checksum::BLOCK {
+                    return fail(format!(
+                        "shards[{i}].checksums.block is {} but this shufflefs uses {}",
+                        c.block,
+                        crate::checksum::BLOCK
+                    ));
+                }
+                if parse_hash(&c.hash).is_none() {
+                    return fail(format!(
+                        "shards[{i}].checksums.hash {:?} is not 16 hex digits",
+                        c.hash
+                    ));
+                }
+                if self.shards.iter().enumerate().any(|(j, s)| {
+                    j != i
+                        && (s.path == c.file
+                            || s.checksums.as_ref().is_some_and(|o| o.file == c.file))
+                }) || c.file == shard.path
+                {
+                    return fail(format!(
+                        "shards[{i}].checksums.file {:?} is used twice",
+                        c.file
+                    ));
+                }
             }
             if parse_hash(&shard.hash).is_none() {
                 return fail(format!(
@@ -313,6 +367,11 @@ pub fn content_hash(shards: &[ShardEntry]) -> String {
     for s in shards {
         h.update(&s.bytes.to_le_bytes());
         h.update(&parse_hash(&s.hash).unwrap_or(0).to_le_bytes());
+        if let Some(c) = &s.checksums {
+            // Only present since version 3, so version 2 identities are unchanged.
+            h.update(b"checksums");
+            h.update(&parse_hash(&c.hash).unwrap_or(0).to_le_bytes());
+        }
         if let Some(d) = &s.docs {
             h.update(&d.documents.to_le_bytes());
             h.update(&parse_hash(&d.hash).unwrap_or(0).to_le_bytes());
@@ -422,6 +481,7 @@ mod tests {
                 hash: format_hash(1),
                 docs: None,
                 in_place_mtime_ns: None,
+                checksums: None,
             },
             ShardEntry {
                 path: shard_name("p", 1),
@@ -430,6 +490,7 @@ mod tests {
                 hash: format_hash(2),
                 docs: None,
                 in_place_mtime_ns: None,
+                checksums: None,
             },
         ];
         Manifest {
@@ -495,6 +556,61 @@ mod tests {
         check(&|m| m.shards[0].path = "a/b".into(), "plain file name");
         check(&|m| m.shards[0].hash = "zz".into(), "hex");
         check(&|m| m.shards[0].hash = format_hash(9), "content_hash");
+        check(&|m| m.version = 4, "version 4");
+        let sums = |file: &str| ShardChecksums {
+            file: file.into(),
+            block: crate::checksum::BLOCK,
+            hash: format_hash(7),
+        };
+        let with_sums = |m: &mut Manifest, c: ShardChecksums| {
+            m.shards[0].checksums = Some(c);
+            m.content_hash = content_hash(&m.shards);
+        };
+        check(
+            &|m| {
+                with_sums(m, sums("a.sums"));
+                m.version = 2;
+            },
+            "needs manifest version 3",
+        );
+        check(
+            &|m| {
+                with_sums(
+                    m,
+                    ShardChecksums {
+                        block: 4096,
+                        ..sums("a.sums")
+                    },
+                )
+            },
+            "block is 4096",
+        );
+        check(&|m| with_sums(m, sums("../a.sums")), "plain file name");
+        check(
+            &|m| with_sums(m, sums(&m.shards[1].path.clone())),
+            "used twice",
+        );
+        check(
+            &|m| {
+                with_sums(
+                    m,
+                    ShardChecksums {
+                        hash: "x".into(),
+                        ..sums("a.sums")
+                    },
+                )
+            },
+            "hex",
+        );
+        // Checksums count in the identity; a version 2 manifest without them still reads.
+        let mut m = sample();
+        let before = m.content_hash.clone();
+        with_sums(&mut m, sums("a.sums"));
+        assert_ne!(m.content_hash, before);
+        Manifest::parse(&m.to_bytes(), Path::new("m")).unwrap();
+        let mut v2 = sample();
+        v2.version = 2;
+        Manifest::parse(&v2.to_bytes(), Path::new("m")).unwrap();
         let mut value: serde_json::Value = serde_json::from_slice(&sample().to_bytes()).unwrap();
         value["extra"] = 1.into();
         let err = Manifest::parse(value.to_string().as_bytes(), Path::new("m")).unwrap_err();

@@ -21,6 +21,7 @@
 //! | [`cmd`], [`cli`], [`logging`] | the `shufflefs` command line | no |
 
 pub mod cache;
+pub mod checksum;
 pub mod cli;
 pub mod cmd;
 pub mod dataset;
@@ -37,6 +38,7 @@ pub mod npy;
 pub mod pack;
 pub mod plan;
 pub mod prefetch;
+pub mod verify;
 pub mod view;
 pub mod window;
 

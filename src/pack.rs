@@ -30,11 +30,12 @@ use log::debug;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::checksum::{self, BlockSums};
 use crate::dtype::{RecordType, ScalarType};
 use crate::error::{Error, Result};
 use crate::format::{
-    self, ContentHasher, FORMAT_NAME, MANIFEST, Manifest, ShardDocs, ShardEntry, VERSION,
-    shard_name,
+    self, ContentHasher, FORMAT_NAME, MANIFEST, Manifest, ShardChecksums, ShardDocs, ShardEntry,
+    VERSION, shard_name,
 };
 use crate::npy;
 
@@ -381,6 +382,9 @@ pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Man
 /// All file names of one shard.
 fn shard_files(s: &ShardEntry) -> Vec<&str> {
     let mut v = vec![s.path.as_str()];
+    if let Some(c) = &s.checksums {
+        v.push(c.file.as_str());
+    }
     if let Some(d) = &s.docs {
         v.extend([
             d.ids.as_str(),
@@ -614,6 +618,7 @@ struct OpenShard {
     tmp: PathBuf,
     file: BufWriter<File>,
     hasher: ContentHasher,
+    sums: BlockSums,
     bytes: u64,
     docs: Option<OpenDocs>,
 }
@@ -744,6 +749,7 @@ impl Writer {
                 tmp,
                 file,
                 hasher: ContentHasher::new(),
+                sums: BlockSums::new(),
                 bytes: 0,
                 docs,
             });
@@ -762,6 +768,7 @@ impl Writer {
             .write_all(&bytes[..take])
             .map_err(|e| Error::io(&shard.tmp, e))?;
         shard.hasher.update(&bytes[..take]);
+        shard.sums.update(&bytes[..take]);
         shard.bytes += take as u64;
         let full = shard.bytes == shard_bytes;
         self.next_record += take as u64 / self.itemsize;
@@ -948,6 +955,21 @@ impl Writer {
         let path = self.dir.join(&shard.name);
         fs::rename(&shard.tmp, &path).map_err(|e| Error::io(&path, e))?;
         self.written.files.push(path);
+        let sums_name = format!("{}.sums", shard.name.trim_end_matches(".bin"));
+        let encoded = checksum::encode(&shard.sums.finish());
+        let (sums_tmp, mut sums_file) = self.create(&sums_name)?;
+        sums_file
+            .write_all(&encoded)
+            .map_err(|e| Error::io(&sums_tmp, e))?;
+        sync(sums_file, &sums_tmp)?;
+        let sums_path = self.dir.join(&sums_name);
+        fs::rename(&sums_tmp, &sums_path).map_err(|e| Error::io(&sums_path, e))?;
+        self.written.files.push(sums_path);
+        let checksums = Some(ShardChecksums {
+            file: sums_name,
+            block: checksum::BLOCK,
+            hash: format::format_hash(checksum::file_hash(&encoded)),
+        });
         let docs = match shard.docs {
             None => None,
             Some(mut d) => {
@@ -988,6 +1010,7 @@ impl Writer {
             hash: format::format_hash(shard.hasher.finish()),
             docs,
             in_place_mtime_ns: None,
+            checksums,
         });
         Ok(())
     }
@@ -1122,6 +1145,7 @@ pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> R
             bytes,
             docs: None,
             in_place_mtime_ns: Some(mtime),
+            checksums: None,
         });
     }
     if dir.exists() && !dir.is_dir() {

@@ -15,6 +15,7 @@ pub mod pack;
 pub mod plan;
 pub mod synth;
 pub mod unmount;
+pub mod verify;
 
 use crate::cli::{Command, ModeArg, PlanOptions};
 use crate::error::Result;
@@ -27,6 +28,7 @@ pub fn run(command: Command) -> Result<()> {
         Command::Mount(args) => mount::run(args),
         Command::Unmount(args) => unmount::run(args),
         Command::Inspect(args) => inspect::run(args),
+        Command::Verify(args) => verify::run(args),
         Command::Plan(args) => plan::run(args),
         Command::Synth(args) => synth::run(args),
         Command::Bench(args) => bench::run(args),

@@ -75,7 +75,12 @@ pub fn run(mut args: MountArgs) -> Result<()> {
             .map_err(|e| Error::io(&abs, e))?;
         args.log_file = Some(abs);
     }
-    let view = View::open(&args.dataset_dir, &ViewConfig::from(&args.plan))?;
+    let mut dataset = crate::dataset::Dataset::open(&args.dataset_dir)?;
+    if args.verify_reads {
+        dataset = dataset.with_verified_reads()?;
+        info!("--verify-reads: every shard read is checked against the block checksums");
+    }
+    let view = View::new(dataset, &ViewConfig::from(&args.plan))?;
     let info = view.info();
     info!(
         "dataset {}: {} tokens, {} observations of {} (stride {}), {} steps/epoch x {} ranks x \

@@ -93,8 +93,8 @@ fn pack_inspect_plan_round_trip() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("packed 10000 records"));
     assert_eq!(
         fs::read_dir(&ds).unwrap().count(),
-        6,
-        "5 shards + manifest, no temp files"
+        11,
+        "5 shards + 5 checksum files + manifest, no temp files"
     );
     let o = shufflefs(&["inspect", s(&ds), "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -614,7 +614,8 @@ fn failed_pack_cleans_up_and_force_replaces_atomically() {
         ]);
         assert!(o.status.success(), "{}", stderr(&o));
         let shards = shard_paths(&ds);
-        assert_eq!(fs::read_dir(&ds).unwrap().count(), shards.len() + 1);
+        // Each shard has its checksum file.
+        assert_eq!(fs::read_dir(&ds).unwrap().count(), 2 * shards.len() + 1);
     });
 }
 

@@ -2,10 +2,12 @@
 //! - `model`: the filesystem model without FUSE against an independent reference;
 //! - `mounted`: real mounts in a TempDir, read through std::fs;
 //! - `cli`: the `shufflefs` binary, its daemon, signals and stale mounts;
+//! - `checksums`: block checksums, `shufflefs verify` and `--verify-reads`;
 //! - `exhaustive`: whole epochs byte for byte against the shards, determinism across
 //!   threads, cache and read order, random read ranges, and name fuzzing (issue #5);
 //! - `ops`: the mount(8) helper and the systemd units in mount/.
 
+mod checksums;
 mod cli;
 mod common;
 mod exhaustive;
