@@ -33,7 +33,8 @@ if [ "$quick" = 1 ]; then tokens=16777216; reps=1; files=500; fi
 cargo build --release --quiet
 bin=$PWD/target/release/shufflefs
 work=$PWD/target/bench/t$tokens
-plan=(--window 2048 --batch-size 32 --ranks 1 --epochs 64 --seed 7)
+# Two ranks: with 2 readers each reads its own rank's steps in order, as two trainers would.
+plan=(--window 2048 --batch-size 32 --ranks 2 --epochs 64 --seed 7)
 # A dataset left by an older build (other format version) is rebuilt.
 { [ -f "$work/tokens.bin" ] && "$bin" inspect "$work/dataset" >/dev/null 2>&1; } || rm -rf "$work"
 if [ ! -f "$work/dataset/manifest.json" ]; then

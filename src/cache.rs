@@ -42,6 +42,8 @@ pub struct Counters {
     /// Reads that found their step still queued for prefetch and took it over (the
     /// prefetcher was behind the reader).
     pub prefetch_claimed: AtomicU64,
+    /// Periods the governor paused prefetch because reads were faster without it.
+    pub prefetch_paused: AtomicU64,
     /// Entries evicted to stay within the budget.
     pub evicted: AtomicU64,
 }
@@ -65,6 +67,8 @@ pub struct Stats {
     pub prefetch_waited: u64,
     /// Reads that took over a step still queued for prefetch.
     pub prefetch_claimed: u64,
+    /// Periods prefetch was paused because reads were faster without it.
+    pub prefetch_paused: u64,
     /// Entries evicted to stay within the budget.
     pub evicted: u64,
     /// Entries in the cache now.
@@ -208,6 +212,7 @@ impl StepCache {
             prefetch_failed: get(&c.prefetch_failed),
             prefetch_waited: get(&c.prefetch_waited),
             prefetch_claimed: get(&c.prefetch_claimed),
+            prefetch_paused: get(&c.prefetch_paused),
             evicted: get(&c.evicted),
             entries: self.lock().len() as u64,
             capacity: self.capacity as u64,

@@ -448,6 +448,7 @@ impl ShuffleFs {
         let mut out = serde_json::to_vec_pretty(&serde_json::json!({
             "cache_enabled": stats.is_some(),
             "cache": stats.unwrap_or_default(),
+            "prefetch_active": self.prefetcher.as_ref().is_some_and(Prefetcher::is_active),
         }))
         .expect("stats serialize");
         out.push(b'\n');
@@ -801,11 +802,9 @@ impl ShuffleFs {
                 // straight into the reply (only the prefetcher fills the cache). Before a
                 // miss assembles, the prefetcher is asked (a step it is assembling is waited
                 // for, never assembled twice) and told what comes next.
-                let hit = match &self.cache {
-                    Some(c) if memory_only => c.get_if_cached(key),
-                    Some(c) => c.get(key),
-                    None => None,
-                };
+                // Each READ with data counts once: a hit (cached, or finished by the
+                // prefetcher while this read waited) or a miss (assembled here).
+                let hit = self.cache.as_ref().and_then(|c| c.get_if_cached(key));
                 if let Some(bytes) = hit {
                     if let Some(p) = &self.prefetcher {
                         p.hint(key);
@@ -830,6 +829,11 @@ impl ShuffleFs {
                     }
                     None => None,
                 };
+                if let Some(c) = &self.cache {
+                    c.counters
+                        .misses
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 let want = (u64::from(size)).min(len - offset) as usize;
                 room(scratch, want);
                 ReadData::Scratch(v.read_step_npy(key, offset, &mut scratch[..want])?)
