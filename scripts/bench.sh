@@ -48,16 +48,21 @@ cat "$work/tokens.bin" > /dev/null   # make the data resident: measure CPU paths
 mnt=$(mktemp -d)
 pmnt=$(mktemp -d)
 smnt=$(mktemp -d)
+fmnt=$(mktemp -d)
 cleanup() {
-  for m in "$mnt" "$pmnt" "$smnt"; do
+  for m in "$mnt" "$pmnt" "$smnt" "$fmnt"; do
     "$bin" unmount "$m" >/dev/null 2>&1 || "$bin" unmount --lazy "$m" >/dev/null 2>&1
     rmdir "$m"
   done
 }
 trap cleanup EXIT
-# Plain read path (no cache), and the default mount (step cache + prefetch).
-"$bin" -q mount "$work/dataset" "$mnt" "${plan[@]}" --threads 2 --cache-size 0 >/dev/null
-"$bin" -q mount "$work/dataset" "$pmnt" "${plan[@]}" --threads 2 >/dev/null
+# Default mounts (FUSE threads = cores + 1, 30 s read deadline): the plain read path (no
+# cache), and the default mount (step cache + prefetch).
+"$bin" -q mount "$work/dataset" "$mnt" "${plan[@]}" --cache-size 0 >/dev/null
+"$bin" -q mount "$work/dataset" "$pmnt" "${plan[@]}" >/dev/null
+# The plain read path without the read deadline: every read on the FUSE thread that got it.
+"$bin" -q mount "$work/dataset" "$fmnt" "${plan[@]}" --cache-size 0 --read-timeout 0 \
+  --threads 2 >/dev/null
 # FUSE's own ceiling: every step read answered from one in-memory file.
 "$bin" -q mount "$work/dataset" "$smnt" "${plan[@]}" --threads 2 --cache-size 0 --stub-reads \
   >/dev/null 2>&1
@@ -65,17 +70,19 @@ trap cleanup EXIT
 results=$(mktemp)
 for rep in $(seq "$reps"); do
   for row in "direct 1 -" "direct 2 -" "mount 1 $smnt" "mount 2 $smnt" "mount 1 $mnt" \
-    "mount 2 $mnt" "mount 1 $pmnt" "mount 2 $pmnt"; do
+    "mount 2 $mnt" "mount 1 $fmnt" "mount 2 $fmnt" "mount 1 $pmnt" "mount 2 $pmnt"; do
     set -- $row
     extra=()
     if [ "$1" = mount ]; then extra=(--mountpoint "$3"); fi
     tag=plain
     if [ "$3" = "$pmnt" ]; then tag=prefetch; fi
     if [ "$3" = "$smnt" ]; then tag=stub; fi
+    if [ "$3" = "$fmnt" ]; then tag=nodeadline; fi
     "$bin" bench "$work/dataset" "${plan[@]}" --source "$1" --readers "$2" --files "$files" \
       "${extra[@]}" | sed "s/^{/{\"tag\":\"$tag\",/" >> "$results"
   done
 done
+prefetch_stats=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); c=d["cache"]; print("hits %d, misses %d, waited %d, claimed %d, wasted %d, paused periods %d, active now %s" % (c["hits"], c["misses"], c["prefetch_waited"], c["prefetch_claimed"], c["prefetch_wasted"], c["prefetch_paused"], d["prefetch_active"]))' "$pmnt/stats.json")
 
 # (4) Python consumers through the mount and (5) the naive numpy loader, one process each.
 if ! python3 -c "import numpy" >/dev/null 2>&1; then
@@ -83,7 +90,7 @@ if ! python3 -c "import numpy" >/dev/null 2>&1; then
 fi
 pyfiles=$((files / 2))
 for rep in $(seq "$reps"); do
-  python3 - "$mnt" "$work/tokens.bin" "$pyfiles" >> "$results" <<'PY' || true
+  python3 - "$pmnt" "$work/tokens.bin" "$pyfiles" >> "$results" <<'PY' || true
 import json, sys, time
 import numpy as np
 mnt, tokens, files = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -139,6 +146,8 @@ for label, source, readers, tag in [
     ("(2) mount, stub replies from memory (FUSE ceiling), 2 readers", "mount", 2, "stub"),
     ("(3) mount, no cache, whole-file reads, 1 reader", "mount", 1, "plain"),
     ("(3) mount, no cache, whole-file reads, 2 readers", "mount", 2, "plain"),
+    ("(3) ... no cache, --read-timeout 0 --threads 2, 1 reader", "mount", 1, "nodeadline"),
+    ("(3) ... no cache, --read-timeout 0 --threads 2, 2 readers", "mount", 2, "nodeadline"),
     ("(3) mount, cache + prefetch (default), 1 reader", "mount", 1, "prefetch"),
     ("(3) mount, cache + prefetch (default), 2 readers", "mount", 2, "prefetch"),
 ]:
@@ -147,8 +156,8 @@ for label, source, readers, tag in [
 py = [r for r in rows if r["source"] == "python"]
 if py:
     for label, tag in [
-        ("(4) Python through the mount: np.load", "np.load"),
-        ("(4) Python through the mount: readinto + frombuffer", "readinto"),
+        ("(4) Python, default mount: np.load", "np.load"),
+        ("(4) Python, default mount: readinto + frombuffer", "readinto"),
         ("(5) naive numpy memmap + rng.permutation loader", "naive"),
     ]:
         t = statistics.median(r["tokens_per_s"] for r in py if r["tag"] == tag)
@@ -160,6 +169,7 @@ if py:
           f"naive loader startup (memmap + permutation): {st * 1000:.0f} ms")
 PY
 rm -f "$results"
+echo "    prefetch mount counters after the run: $prefetch_stats"
 
 # --- (6) time to mount + first step, and daemon memory, at 1 GiB and 4 TiB (sparse) ---------
 big=$PWD/target/bench/sparse4t
@@ -169,20 +179,27 @@ if [ ! -f "$big/dataset/manifest.json" ]; then
   "$bin" pack "$big/dataset" "$big"/part*.bin --dtype u32 --in-place >/dev/null
 fi
 echo
-echo "(6) mount + first step (median of 5), daemon RSS after reading $((files / 2)) step files"
+nread=$((quick == 1 ? 2000 : 100000))
+echo "(6) mount + first step (median of 5); daemon RSS after the first step, after $((nread / 5)) step files and after $nread more"
 for ds in "$work/dataset" "$big/dataset"; do
   mt=$(mktemp -d)
   times=()
   for rep in 1 2 3 4 5; do
     t0=$(date +%s%N)
-    "$bin" -q mount "$ds" "$mt" "${plan[@]}" --threads 2 > "$mt.out"
+    "$bin" -q mount "$ds" "$mt" "${plan[@]}" > "$mt.out"
     cat "$mt/epoch/0/rank/0/step/0.npy" > /dev/null
     t1=$(date +%s%N)
     times+=($(( (t1 - t0) / 1000 )))
     pid=$(sed -n 's/.*daemon pid \([0-9]*\).*/\1/p' "$mt.out")
     if [ "$rep" = 5 ]; then
-      "$bin" bench "$ds" "${plan[@]}" --source mount --mountpoint "$mt" --files $((files / 2)) \
-        >/dev/null
+      rss0=$(awk '/VmRSS/ {print $2}' "/proc/$pid/status")
+      # A fifth of the files (the cache is full long before), then all of them: flat means
+      # the second figure equals the first.
+      "$bin" bench "$ds" "${plan[@]}" --source mount --mountpoint "$mt" --readers 2 \
+        --files "$((nread / 5))" >/dev/null
+      rss1=$(awk '/VmRSS/ {print $2}' "/proc/$pid/status")
+      "$bin" bench "$ds" "${plan[@]}" --source mount --mountpoint "$mt" --readers 2 \
+        --files "$nread" >/dev/null
       rss=$(awk '/VmRSS/ {print $2}' "/proc/$pid/status")
     fi
     "$bin" unmount "$mt" >/dev/null
@@ -190,8 +207,9 @@ for ds in "$work/dataset" "$big/dataset"; do
   done
   med=$(printf '%s\n' "${times[@]}" | sort -n | sed -n 3p)
   size=$("$bin" inspect "$ds" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["bytes"])')
-  printf '  %-6s dataset: mount + first step %6.1f ms, daemon RSS %6.1f MiB (cache 256 MiB)\n' \
+  printf '  %-6s dataset: mount + first step %6.1f ms; RSS %6.1f, %6.1f, %6.1f MiB (cache 256 MiB)\n' \
     "$(numfmt --to=iec "$size")" "$(awk "BEGIN { print $med / 1000 }")" \
+    "$(awk "BEGIN { print $rss0 / 1024 }")" "$(awk "BEGIN { print $rss1 / 1024 }")" \
     "$(awk "BEGIN { print $rss / 1024 }")"
   rm -f "$mt.out"; rmdir "$mt"
 done
