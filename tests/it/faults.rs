@@ -19,10 +19,12 @@ use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use shufflefs::dtype::ScalarType;
+use shufflefs::fs::ShuffleFs;
 use shufflefs::npy;
+use shufflefs::pack::{PackOptions, pack};
 use shufflefs::plan::StepKey;
 use shufflefs::prefetch::PrefetchConfig;
-use shufflefs::view::ViewConfig;
+use shufflefs::view::{View, ViewConfig};
 
 use crate::common::*;
 
@@ -68,16 +70,31 @@ impl Expected {
     /// Renders every `S.npy` and `S.json` of `cfg` (u32 positional data) through the model and
     /// checks each `.npy` against the independent positional reference.
     fn build(data: &Positional, cfg: &ViewConfig) -> Expected {
-        let reference = data.fs(cfg);
-        let view = reference.view();
+        let expected = Expected::render(data.fs(cfg).view());
+        let header = npy::header("'<u4'", &[cfg.batch_size, cfg.window]).unwrap();
+        assert_eq!(expected.header_len, header.len());
+        for key in expected.keys() {
+            let (npy, json) = (expected.bytes(key, "npy"), expected.bytes(key, "json"));
+            assert_eq!(&npy[..header.len()], &header[..], "{key:?}");
+            assert_eq!(
+                &npy[header.len()..],
+                &expected_rows(&json_observations(json), cfg, ScalarType::U32)[..],
+                "the model disagrees with the positional reference at {key:?}"
+            );
+        }
+        expected
+    }
+
+    /// Renders every `S.npy` and `S.json` of a u32 view through the model.
+    fn render(view: &View) -> Expected {
         let plan = view.plan().clone();
-        let header = npy::header("'<u4'", &[plan.batch_size(), cfg.window]).unwrap();
+        let info = view.info();
         let mut expected = Expected {
             epochs: plan.epochs(),
             ranks: plan.ranks(),
             steps: plan.steps_per_epoch(),
-            header_len: header.len(),
-            row_bytes: cfg.window as usize * 4,
+            header_len: info.npy_header_bytes as usize,
+            row_bytes: info.window as usize * 4,
             npy: Vec::new(),
             json: Vec::new(),
             info: view.info_json().to_vec(),
@@ -85,16 +102,14 @@ impl Expected {
         for key in expected.keys() {
             let npy = view.render_step_npy(key).unwrap();
             let json = view.step_json(key).unwrap();
-            assert_eq!(&npy[..header.len()], &header[..], "{key:?}");
-            assert_eq!(
-                &npy[header.len()..],
-                &expected_rows(&json_observations(&json), cfg, ScalarType::U32)[..],
-                "the model disagrees with the positional reference at {key:?}"
-            );
             assert_eq!(
                 json_observations(&json),
                 view.step_info(key).observations,
                 "{key:?}"
+            );
+            assert_eq!(
+                npy.len(),
+                expected.header_len + plan.batch_size() as usize * expected.row_bytes
             );
             expected.npy.push(npy);
             expected.json.push(json);
@@ -709,6 +724,9 @@ fn sigkilled_daemon_restarts_on_its_stale_mount() {
                 ok + 8,
                 "readers make progress on the live mount",
             );
+            // A file kept open across the kill: the stale mount is busy when it is cleared.
+            let held_key = expected.random_key(&mut rng);
+            let held = File::open(step_path(&root, held_key, "npy")).unwrap();
             std::thread::sleep(Duration::from_millis(rng.below(40)));
             daemon.kill();
             // The readers run into the stale mount.
@@ -739,6 +757,15 @@ fn sigkilled_daemon_restarts_on_its_stale_mount() {
                 }
             }
             drop(exclusive);
+            // The descriptor still belongs to the dead connection: it fails, and never
+            // reaches the new daemon.
+            let mut buf = vec![0u8; 4096];
+            let e = held.read_at(&mut buf, 0).unwrap_err();
+            assert!(
+                NOT_CONNECTED.contains(&e.raw_os_error().unwrap_or(-1)),
+                "cycle {cycle}: a descriptor of the killed mount: {e}"
+            );
+            drop(held);
             cycle_secs.push(start.elapsed().as_secs_f64());
         }
         let ok = counters.ok.load(Ordering::SeqCst);
@@ -999,13 +1026,20 @@ fn mutation_under_live_mount(mutation: Mutation) {
                 }
             }
         }
+        // One READ: see `stats_json_read_in_pieces_is_one_snapshot`.
+        let mut stats = vec![0u8; 64 << 10];
+        let n = File::open(root.join("stats.json"))
+            .and_then(|f| f.read_at(&mut stats, 0))
+            .unwrap();
+        let stats: serde_json::Value = serde_json::from_slice(&stats[..n]).unwrap();
         eprintln!(
             "{mutation:?} ({}): {affected} steps need shard {k}, {unaffected} do not; reads \
-             after the mutation: {} old bytes, errors {:?}, {} violations",
+             after the mutation: {} old bytes, errors {:?}, {} violations; cache {}",
             if cached { "cache+prefetch" } else { "plain" },
             tally.old_bytes,
             tally.errors,
-            tally.violations.len()
+            tally.violations.len(),
+            stats["cache"]
         );
         assert!(affected > 0 && unaffected > 0, "the layout exercises both");
         assert!(
@@ -1123,6 +1157,108 @@ fn shard_replaced_by_rename_under_live_mount() {
 #[test]
 fn chmod_000_shard_under_live_mount() {
     mutation_under_live_mount(Mutation::Chmod000);
+}
+
+/// A dataset with documents: each row of `S.json` carries its span metadata, read from the
+/// shard's `.meta` file. That file truncated under a live mount: every `S.json` gives its old
+/// bytes or EIO (never partial JSON), and every `S.npy` (which needs no metadata) its old
+/// bytes. A new mount is refused, naming the file.
+#[test]
+fn truncated_metadata_file_under_live_mount() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines = String::new();
+    let mut pos = 0u64;
+    for k in 0..400u64 {
+        let len = 1 + (k * 7) % 13;
+        let tokens: Vec<u64> = (pos..pos + len).collect();
+        let meta = serde_json::json!({"doc": k, "text": "x".repeat((k % 17) as usize)});
+        lines.push_str(&serde_json::json!({"tokens": tokens, "meta": meta}).to_string());
+        lines.push('\n');
+        pos += len;
+    }
+    let input = dir.path().join("docs.jsonl");
+    fs::write(&input, lines).unwrap();
+    let ds = dir.path().join("ds");
+    let options = PackOptions {
+        dtype: Some(ScalarType::U32),
+        shard_size: 2048,
+        ..PackOptions::default()
+    };
+    pack(&ds, &[input], &options).unwrap();
+    let cfg = config(9, 9, 2, 2, 5, 1);
+    let expected = Expected::render(&View::open(&ds, &cfg).unwrap());
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&fs::read(ds.join("manifest.json")).unwrap()).unwrap();
+    let name = manifest["shards"][2]["docs"]["meta"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let meta = ds.join(&name);
+    let old = fs::metadata(&meta).unwrap().len();
+    let m = TestMount::new(ShuffleFs::new(View::open(&ds, &cfg).unwrap()).unwrap());
+    let root = m.path().to_path_buf();
+    for key in expected.keys() {
+        for ext in ["npy", "json"] {
+            assert!(
+                fs::read(step_path(&root, key, ext)).unwrap() == expected.bytes(key, ext),
+                "{key:?}.{ext} before the mutation"
+            );
+        }
+    }
+    let f = fs::OpenOptions::new().write(true).open(&meta).unwrap();
+    f.set_len(old / 2).unwrap();
+    drop(f);
+    let mut tally = MutationTally::default();
+    for key in expected.keys() {
+        let npy = step_path(&root, key, "npy");
+        let got = fs::read(&npy).unwrap_or_else(|e| panic!("{}: {e}", npy.display()));
+        assert!(got == expected.bytes(key, "npy"), "{}", npy.display());
+        let json = step_path(&root, key, "json");
+        let want = expected.bytes(key, "json");
+        let outcome = fs::read(&json).map(|got| describe(&got, want).map_or(Ok(()), Err));
+        tally.record(&json.display().to_string(), outcome);
+        let outcome = check_range(&json, want, want.len() as u64 / 2, 64);
+        tally.record(&format!("{} middle", json.display()), outcome);
+    }
+    eprintln!(
+        "truncated {name}: {} S.json reads: {} old bytes, errors {:?}, {} violations",
+        2 * expected.keys().len(),
+        tally.old_bytes,
+        tally.errors,
+        tally.violations.len()
+    );
+    assert!(tally.violations.is_empty(), "{:#?}", tally.violations);
+    assert!(
+        !tally.errors.is_empty(),
+        "the steps whose metadata is gone fail (documented: EIO)"
+    );
+    m.unmount();
+    assert!(!is_mounted(&root));
+    let mnt = MountPointGuard::new();
+    let o = shufflefs(&[
+        "mount",
+        s(&ds),
+        s(mnt.path()),
+        "--window",
+        "9",
+        "--batch-size",
+        "2",
+        "--ranks",
+        "2",
+        "--seed",
+        "5",
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    let want = format!(
+        "{name}: file is {} bytes but the manifest implies {old}",
+        old / 2
+    );
+    assert!(stderr.contains(&want), "want {want:?} in {stderr}");
+    assert!(!is_mounted(mnt.path()));
 }
 
 /// A range of a shard overwritten in place with different bytes of the same size: the
