@@ -5,12 +5,14 @@
 //! - `checksums`: block checksums, `shufflefs verify` and `--verify-reads`;
 //! - `exhaustive`: whole epochs byte for byte against the shards, determinism across
 //!   threads, cache and read order, random read ranges, and name fuzzing (issue #5);
+//! - `faults`: a concurrent soak, SIGKILLed daemons and shards mutated under a live mount;
 //! - `ops`: the mount(8) helper and the systemd units in mount/.
 
 mod checksums;
 mod cli;
 mod common;
 mod exhaustive;
+mod faults;
 mod model;
 mod mounted;
 mod ops;
