@@ -150,6 +150,11 @@ impl StepCache {
         Some(entry.bytes.clone())
     }
 
+    /// The step file for `key` if cached, without counting or refreshing it.
+    pub fn peek(&self, key: StepKey) -> Option<Arc<[u8]>> {
+        self.lock().peek(&key).map(|e| e.bytes.clone())
+    }
+
     /// Whether `key` is cached (no counting, no LRU update).
     pub fn contains(&self, key: StepKey) -> bool {
         self.lock().contains(&key)

@@ -181,6 +181,10 @@ pub struct MountArgs {
     /// a mismatch). Reads whole 64 KiB blocks and hashes them: slower, for suspect storage.
     #[arg(long, help_heading = MOUNT_HEADING)]
     pub verify_reads: bool,
+    /// Push prefetched step files into the kernel page cache, so a reader's open and read are
+    /// served by the kernel without a round trip to the daemon (pages are dropped once read).
+    #[arg(long, help_heading = MOUNT_HEADING)]
+    pub prefill: bool,
 }
 
 /// `shufflefs unmount`.

@@ -449,10 +449,25 @@ impl ShuffleFs {
             "cache_enabled": stats.is_some(),
             "cache": stats.unwrap_or_default(),
             "prefetch_active": self.prefetcher.as_ref().is_some_and(Prefetcher::is_active),
+            "prefill": self.prefetcher.as_ref().and_then(|p| p.prefill()).map(|p| p.stats()),
         }))
         .expect("stats serialize");
         out.push(b'\n');
         out
+    }
+
+    /// The inode of each step file, as a function that outlives `self`.
+    pub fn step_ino_fn(&self) -> Box<dyn Fn(StepKey) -> u64 + Send + Sync> {
+        let inodes = self.inodes.clone();
+        Box::new(move |key| inodes.ino(Node::StepNpy(key)))
+    }
+
+    /// Tells the prefetcher that step file `ino` was read (for reads the kernel served from
+    /// its page cache, which never reach [`ShuffleFs::read_data`]).
+    pub fn hint(&self, ino: u64) {
+        if let (Some(p), Ok(Node::StepNpy(key))) = (&self.prefetcher, self.node(ino)) {
+            p.hint(key);
+        }
     }
 
     /// The view behind the tree.

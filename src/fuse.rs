@@ -3,21 +3,25 @@
 //! logged once here, at the level the error chose, with its errno.
 
 use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
+    KernelConfig, LockOwner, Notifier, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyOpen, ReplyStatfs, Request,
 };
 use log::{debug, log};
 
 use crate::deadline::DeadlinePool;
 use crate::error::Error;
-use crate::fs::{Access, Attr, DirEntry, DirSink, Kind, ReadData, ShuffleFs};
+use crate::fs::{Access, Attr, DirEntry, DirSink, Kind, Node, ReadData, ShuffleFs};
+use crate::plan::StepKey;
+use crate::prefetch::Prefill;
 
 /// The tree never changes while mounted, so the kernel may cache names and attributes for as
 /// long as it likes.
@@ -80,6 +84,149 @@ pub struct FuseAdapter {
     /// FUSE threads reading shards right now, and how many may (`threads - 1`).
     inline_reads: AtomicUsize,
     inline_limit: usize,
+    /// State of opens that need it, by file handle (0: none).
+    opens: Opens,
+    /// The page-cache prefill, once the session exists (`mount.rs` sets it with `--prefill`).
+    prefill: Arc<OnceLock<Arc<KernelCache>>>,
+}
+
+/// What an open with a non-zero file handle carries.
+#[derive(Debug)]
+enum OpenState {
+    /// `stats.json`: the snapshot rendered at open, so every READ of this open sees one
+    /// version (a file read in several READs never mixes two renderings).
+    Snapshot(Arc<[u8]>),
+    /// A step file opened from the page cache (`FOPEN_KEEP_CACHE`); `read`: a READ reached
+    /// the daemon anyway (pages evicted before the reader got to them).
+    Stored { read: bool },
+}
+
+#[derive(Debug, Default)]
+struct Opens {
+    next: AtomicU64,
+    map: Mutex<HashMap<u64, OpenState>>,
+}
+
+impl Opens {
+    fn add(&self, state: OpenState) -> u64 {
+        let fh = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(fh, state);
+        fh
+    }
+}
+
+/// The kernel page cache as a [`Prefill`] target: a finished step file is pushed with
+/// `FUSE_NOTIFY_STORE` after the daemon looks the file up through its own mount (the kernel
+/// ignores a store to an inode it does not hold). The daemon's belief of what is stored is
+/// cleared when a reader releases the file (the pages are then dropped: drop-behind) and on
+/// FORGET. A stored page the kernel reclaimed under memory pressure is simply read again: a
+/// READ of the missing range reaches the daemon and is served like any other.
+pub struct KernelCache {
+    notifier: Notifier,
+    mountpoint: PathBuf,
+    ino_of: Box<dyn Fn(StepKey) -> u64 + Send + Sync>,
+    stored: Mutex<HashSet<u64>>,
+    counters: PrefillCounters,
+}
+
+impl std::fmt::Debug for KernelCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelCache")
+            .field("mountpoint", &self.mountpoint)
+            .finish()
+    }
+}
+
+/// Prefill counters (`stats.json`, `"prefill"`).
+#[derive(Debug, Default)]
+struct PrefillCounters {
+    stored: AtomicU64,
+    store_failed: AtomicU64,
+    served_by_kernel: AtomicU64,
+    evicted_before_read: AtomicU64,
+    fallback_reads: AtomicU64,
+    dropped: AtomicU64,
+}
+
+impl KernelCache {
+    /// Prefill into the page cache of the mount at `mountpoint`, served by `fs`.
+    pub fn new(notifier: Notifier, mountpoint: PathBuf, fs: &ShuffleFs) -> KernelCache {
+        KernelCache {
+            notifier,
+            mountpoint,
+            ino_of: fs.step_ino_fn(),
+            stored: Mutex::new(HashSet::new()),
+            counters: PrefillCounters::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+        self.stored.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn is_stored_ino(&self, ino: u64) -> bool {
+        self.lock().contains(&ino)
+    }
+
+    /// Drops a consumed file's pages (drop-behind), if stored.
+    fn drop_behind(&self, ino: u64) {
+        if self.lock().remove(&ino) {
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = self.notifier.inval_inode(INodeNo(ino), 0, 0) {
+                debug!("inval_inode {ino} failed: {e}");
+            }
+        }
+    }
+
+    fn forget(&self, ino: u64) {
+        self.lock().remove(&ino);
+    }
+}
+
+impl Prefill for KernelCache {
+    fn store(&self, key: StepKey, bytes: &[u8]) -> bool {
+        let ino = (self.ino_of)(key);
+        let path = self.mountpoint.join(format!(
+            "epoch/{}/rank/{}/step/{}.npy",
+            key.epoch, key.rank, key.step
+        ));
+        // The lookup makes the kernel hold the inode (a cached dentry costs nothing).
+        let result = std::fs::symlink_metadata(&path)
+            .and_then(|_| self.notifier.store(INodeNo(ino), 0, bytes));
+        match result {
+            Ok(()) => {
+                self.lock().insert(ino);
+                self.counters.stored.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(e) => {
+                self.counters.store_failed.fetch_add(1, Ordering::Relaxed);
+                debug!("prefill of {} failed: {e}", path.display());
+                false
+            }
+        }
+    }
+
+    fn is_stored(&self, key: StepKey) -> bool {
+        self.is_stored_ino((self.ino_of)(key))
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        serde_json::json!({
+            "stored": get(&c.stored),
+            "store_failed": get(&c.store_failed),
+            "served_by_kernel": get(&c.served_by_kernel),
+            "evicted_before_read": get(&c.evicted_before_read),
+            "fallback_reads": get(&c.fallback_reads),
+            "dropped": get(&c.dropped),
+            "stored_now": self.lock().len(),
+        })
+    }
 }
 
 impl FuseAdapter {
@@ -100,7 +247,19 @@ impl FuseAdapter {
             pool: read_timeout.map(|t| DeadlinePool::new(t, 1, MAX_IO_THREADS)),
             inline_reads: AtomicUsize::new(0),
             inline_limit: threads.saturating_sub(1),
+            opens: Opens::default(),
+            prefill: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// The filesystem (shared with the session).
+    pub fn fs(&self) -> &Arc<ShuffleFs> {
+        &self.fs
+    }
+
+    /// Where `mount.rs` puts the page-cache prefill once the session exists.
+    pub fn prefill_slot(&self) -> Arc<OnceLock<Arc<KernelCache>>> {
+        self.prefill.clone()
     }
 
     /// READ: answered on this thread when it needs no shard (a cache hit, `info.json`...) or
@@ -306,10 +465,25 @@ impl Filesystem for FuseAdapter {
             match self.fs.open(ino.0, flags.0) {
                 // noflush: close() costs no round trip. A volatile file is always direct_io, so
                 // the page cache never holds an old version.
-                Ok(node) if node.is_volatile() => reply.opened(
-                    FileHandle(0),
-                    FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH,
-                ),
+                Ok(node) if node.is_volatile() => {
+                    let fh = self
+                        .opens
+                        .add(OpenState::Snapshot(self.fs.stats_json().into()));
+                    reply.opened(
+                        FileHandle(fh),
+                        FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH,
+                    )
+                }
+                // A step file the prefetcher stored in the page cache: read it from there.
+                Ok(Node::StepNpy(_))
+                    if self.prefill.get().is_some_and(|k| k.is_stored_ino(ino.0)) =>
+                {
+                    let fh = self.opens.add(OpenState::Stored { read: false });
+                    reply.opened(
+                        FileHandle(fh),
+                        FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+                    )
+                }
                 Ok(_) => reply.opened(FileHandle(0), self.open_flags),
                 Err(e) => reply.error(fail("open", ino.0, &e)),
             }
@@ -320,16 +494,82 @@ impl Filesystem for FuseAdapter {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        if fh.0 != 0 {
+            let mut opens = self.opens.map.lock().unwrap_or_else(|p| p.into_inner());
+            match opens.get_mut(&fh.0) {
+                Some(OpenState::Snapshot(bytes)) => {
+                    let bytes = bytes.clone();
+                    drop(opens);
+                    let start = usize::try_from(offset)
+                        .unwrap_or(usize::MAX)
+                        .min(bytes.len());
+                    let end = start.saturating_add(size as usize).min(bytes.len());
+                    reply.data(&bytes[start..end]);
+                    return;
+                }
+                Some(OpenState::Stored { read }) => {
+                    *read = true;
+                    if let Some(k) = self.prefill.get() {
+                        k.counters.fallback_reads.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                None => {}
+            }
+        }
         guarded("read", ino.0, || {
             self.read_guarded(ino.0, offset, size, reply)
         });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        guarded("release", ino.0, || {
+            let state = (fh.0 != 0)
+                .then(|| {
+                    self.opens
+                        .map
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&fh.0)
+                })
+                .flatten();
+            if let Some(k) = self.prefill.get() {
+                if let Some(OpenState::Stored { read }) = state {
+                    let counter = if read {
+                        &k.counters.evicted_before_read
+                    } else {
+                        &k.counters.served_by_kernel
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    // The reader is past this step: keep prefilling ahead of it (a read served
+                    // by the kernel never reached the daemon to say so).
+                    self.fs.hint(ino.0);
+                }
+                k.drop_behind(ino.0);
+            }
+            reply.ok();
+        });
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        if let Some(k) = self.prefill.get() {
+            k.forget(ino.0);
+        }
     }
 
     fn flush(

@@ -9,6 +9,7 @@
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
@@ -17,7 +18,7 @@ use log::{info, warn};
 
 use crate::error::{Error, Result};
 use crate::fs::ShuffleFs;
-use crate::fuse::{FuseAdapter, Ownership};
+use crate::fuse::{FuseAdapter, KernelCache, Ownership};
 
 /// The prefix of a shufflefs mount's source in the mount table (`shufflefs:/path/to/dataset`):
 /// how a live or stale shufflefs mount is recognised.
@@ -40,6 +41,8 @@ pub struct MountOptions {
     pub read_timeout: Option<Duration>,
     /// Mount over a live shufflefs mount instead of refusing.
     pub on_top: bool,
+    /// Push prefetched step files into the kernel page cache (needs the cache and prefetch).
+    pub prefill: bool,
 }
 
 impl Default for MountOptions {
@@ -51,6 +54,7 @@ impl Default for MountOptions {
             owner: Ownership::current(),
             read_timeout: Some(DEFAULT_READ_TIMEOUT),
             on_top: false,
+            prefill: false,
         }
     }
 }
@@ -92,6 +96,7 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
         options.read_timeout,
         options.threads.max(1),
     );
+    let (shared_fs, prefill_slot) = (adapter.fs().clone(), adapter.prefill_slot());
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         MountOption::RO,
@@ -133,6 +138,21 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
         let unmounter = session.unmount_callable();
         (session, Some(unmounter))
     };
+    if options.prefill {
+        match shared_fs.prefetcher() {
+            Some(prefetcher) => {
+                let kernel = Arc::new(KernelCache::new(
+                    session.notifier(),
+                    mountpoint.clone(),
+                    &shared_fs,
+                ));
+                prefetcher.set_prefill(kernel.clone());
+                let _ = prefill_slot.set(kernel);
+                info!("prefill: prefetched step files are pushed into the page cache");
+            }
+            None => warn!("--prefill needs the step cache and prefetch; prefill is off"),
+        }
+    }
     let thread = std::thread::Builder::new()
         .name("fuse-session".into())
         .spawn(move || session.run())

@@ -20,7 +20,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroUsize;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,9 @@ pub struct PrefetchConfig {
     pub depth: u64,
     /// Background worker threads (0: only [`Prefetcher::run_queued`] runs them).
     pub workers: usize,
+    /// Let the [`Governor`] pause prefetch when reads are faster without it (only with
+    /// workers). Off in tests that count prefetches step by step.
+    pub adaptive: bool,
 }
 
 impl Default for PrefetchConfig {
@@ -50,6 +53,7 @@ impl Default for PrefetchConfig {
         PrefetchConfig {
             depth: 4,
             workers: 1,
+            adaptive: true,
         }
     }
 }
@@ -90,6 +94,20 @@ struct Shared {
     plan: Plan,
     depth: u64,
     max_queue: usize,
+    /// Where finished steps are also pushed (the kernel page cache), once mounted.
+    prefill: OnceLock<Arc<dyn Prefill>>,
+}
+
+/// A place finished step files can be pushed to ahead of the reader: the kernel page cache of
+/// the mount (`fuse.rs`, FUSE_NOTIFY_STORE). The core only decides what and when; the adapter
+/// knows how.
+pub trait Prefill: Send + Sync {
+    /// Pushes the whole step file; whether it is now stored.
+    fn store(&self, key: StepKey, bytes: &[u8]) -> bool;
+    /// Whether the step file is believed to be in the page cache.
+    fn is_stored(&self, key: StepKey) -> bool;
+    /// Counters for `stats.json`.
+    fn stats(&self) -> serde_json::Value;
 }
 
 /// What [`Prefetcher::claim`] found.
@@ -144,7 +162,8 @@ impl Prefetcher {
                 queue: VecDeque::new(),
                 pending: HashMap::new(),
                 recent: LruCache::new(RECENT_READS),
-                governor: (config.workers > 0).then(|| Governor::new(Instant::now())),
+                governor: (config.workers > 0 && config.adaptive)
+                    .then(|| Governor::new(Instant::now())),
                 shutdown: false,
             }),
             wake: Condvar::new(),
@@ -155,6 +174,7 @@ impl Prefetcher {
             depth: config.depth,
             // Enough for every worker's share of a few readers' windows.
             max_queue: (config.depth as usize).saturating_mul(64).max(16),
+            prefill: OnceLock::new(),
         });
         let workers = (0..config.workers)
             .map(|i| {
@@ -222,7 +242,12 @@ impl Prefetcher {
                 break;
             };
             next = k;
-            if state.pending.contains_key(&k) || state.recent.contains(&k) || s.cache.contains(k) {
+            let done = match s.prefill.get() {
+                // Prefill: done once in the page cache (a cached step is stored from memory).
+                Some(p) => p.is_stored(k),
+                None => s.cache.contains(k),
+            };
+            if done || state.pending.contains_key(&k) || state.recent.contains(&k) {
                 continue;
             }
             if state.queue.len() >= s.max_queue
@@ -287,6 +312,16 @@ impl Prefetcher {
                 Claim::Yours(ReadGuard(Some((self, key))))
             }
         }
+    }
+
+    /// From now on, every prefetched step is also pushed to `prefill` (once).
+    pub fn set_prefill(&self, prefill: Arc<dyn Prefill>) {
+        let _ = self.shared.prefill.set(prefill);
+    }
+
+    /// The prefill target, if set.
+    pub fn prefill(&self) -> Option<&Arc<dyn Prefill>> {
+        self.shared.prefill.get()
     }
 
     /// Whether prefetching is on now (the governor may pause it; see [`Governor`]).
@@ -417,23 +452,36 @@ fn take(s: &Shared, wait: bool) -> Option<StepKey> {
 }
 
 fn assemble(s: &Shared, key: StepKey) {
-    if !s.cache.contains(key) {
-        let mut bytes = s.cache.buffer();
-        let filled = match Arc::get_mut(&mut bytes) {
-            Some(buf) => (s.render)(key, buf),
-            None => Err(crate::error::Error::invalid("a recycled buffer is shared")),
-        };
-        match filled {
-            Ok(()) => s.cache.insert(key, bytes, true),
-            Err(e) => {
-                s.cache
-                    .counters
-                    .prefetch_failed
-                    .fetch_add(1, Ordering::Relaxed);
-                warn!("prefetch of {key:?} failed (the reader will retry): {e}");
+    let bytes = match s.cache.peek(key) {
+        Some(bytes) => Some(bytes),
+        None => {
+            let mut bytes = s.cache.buffer();
+            let filled = match Arc::get_mut(&mut bytes) {
+                Some(buf) => (s.render)(key, buf),
+                None => Err(crate::error::Error::invalid("a recycled buffer is shared")),
+            };
+            match filled {
+                Ok(()) => {
+                    s.cache.insert(key, bytes.clone(), true);
+                    Some(bytes)
+                }
+                Err(e) => {
+                    s.cache
+                        .counters
+                        .prefetch_failed
+                        .fetch_add(1, Ordering::Relaxed);
+                    warn!("prefetch of {key:?} failed (the reader will retry): {e}");
+                    None
+                }
             }
         }
+    };
+    if let (Some(p), Some(bytes)) = (s.prefill.get(), &bytes)
+        && !p.is_stored(key)
+    {
+        p.store(key, bytes);
     }
+    drop(bytes);
     s.state
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -485,7 +533,11 @@ mod tests {
             buf.fill(k.step as u8);
             Ok(())
         });
-        let config = PrefetchConfig { depth, workers: 0 };
+        let config = PrefetchConfig {
+            depth,
+            workers: 0,
+            adaptive: false,
+        };
         (Prefetcher::new(config, plan, cache.clone(), render), cache)
     }
 
@@ -601,6 +653,7 @@ mod tests {
         let config = PrefetchConfig {
             depth: 4,
             workers: 2,
+            adaptive: false,
         };
         let p = Prefetcher::new(config, plan, cache.clone(), render);
         p.hint(key(0, 0));

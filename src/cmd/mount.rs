@@ -137,6 +137,7 @@ pub fn run(mut args: MountArgs) -> Result<()> {
         PrefetchConfig {
             depth: args.prefetch_depth,
             workers: args.prefetch_workers,
+            adaptive: true,
         },
     ));
     let mountpoint = prepare_mountpoint(&args.mountpoint, args.on_top)?;
@@ -157,6 +158,7 @@ pub fn run(mut args: MountArgs) -> Result<()> {
         owner,
         read_timeout,
         on_top: args.on_top,
+        prefill: args.prefill,
     };
     if args.foreground {
         return serve(fs, cache, &mountpoint, &options, None);

@@ -468,7 +468,14 @@ fn bytes_are_identical_across_threads_cache_and_read_order() {
     for (threads, cache) in variants {
         let mut fs = data.fs(&cfg);
         if let Some((steps, depth, workers)) = cache {
-            fs = fs.with_cache(steps * step_len, PrefetchConfig { depth, workers });
+            fs = fs.with_cache(
+                steps * step_len,
+                PrefetchConfig {
+                    depth,
+                    workers,
+                    adaptive: false,
+                },
+            );
             assert!(fs.cache().is_some());
         }
         let m = TestMount::with_threads(fs, threads);

@@ -366,6 +366,7 @@ fn soak_64_readers_through_cache_and_prefetch() {
         PrefetchConfig {
             depth: 4,
             workers: 2,
+            adaptive: false,
         },
     );
     let m = TestMount::with_threads(fs, 2);
@@ -952,6 +953,7 @@ fn mutation_under_live_mount(mutation: Mutation) {
                 PrefetchConfig {
                     depth: 4,
                     workers: 1,
+                    adaptive: false,
                 },
             )
         } else {
@@ -1297,6 +1299,7 @@ fn stats_json_read_in_pieces_is_one_snapshot() {
         PrefetchConfig {
             depth: 0,
             workers: 0,
+            adaptive: false,
         },
     );
     let m = TestMount::new(fs);

@@ -464,6 +464,7 @@ fn cache_and_prefetch_step_by_step_with_identical_bytes() {
         PrefetchConfig {
             depth: 3,
             workers: 0,
+            adaptive: false,
         },
     );
     let stats = |fs: &ShuffleFs| fs.cache().unwrap().stats();

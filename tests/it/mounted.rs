@@ -343,6 +343,7 @@ fn prefetching_mount_serves_identical_bytes() {
         PrefetchConfig {
             depth: 4,
             workers: 2,
+            adaptive: false,
         },
     );
     let m = TestMount::new(fs);
