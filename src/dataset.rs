@@ -192,6 +192,35 @@ fn shard_open_error(path: &Path, e: &io::Error) -> Error {
     Error::dataset(path, message)
 }
 
+/// Opens a file the manifest lists (`what`: "shard", "document file") and checks that it is a
+/// regular file. `O_NOFOLLOW`: it must be the file in the dataset directory, not a symbolic
+/// link that could expose another file through the mount. `O_NONBLOCK`: opening a FIFO must
+/// not wait for a writer (it would hang the mount); the flag is cleared again once the file is
+/// known to be regular.
+fn open_listed(path: &Path, what: &str) -> Result<(File, std::fs::Metadata)> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| shard_open_error(path, &e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::dataset(
+            path,
+            format!(
+                "{what} is not a regular file; replace it with the file `shufflefs pack` \
+                 wrote, or re-run `shufflefs pack`"
+            ),
+        ));
+    }
+    nix::fcntl::fcntl(
+        &file,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::empty()),
+    )
+    .map_err(|e| Error::io(path, e.into()))?;
+    Ok((file, meta))
+}
+
 /// An opened, validated dataset.
 #[derive(Debug)]
 pub struct Dataset {
@@ -226,17 +255,7 @@ impl Dataset {
         let mut shards = Vec::with_capacity(manifest.shards.len());
         for entry in &manifest.shards {
             let path = dir.join(&entry.path);
-            // O_NOFOLLOW: a shard must be the file in the dataset directory, not a symlink
-            // that could expose another file through the mount.
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&path)
-                .map_err(|e| shard_open_error(&path, &e))?;
-            let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
-            if !meta.is_file() {
-                return Err(Error::dataset(&path, "shard is not a regular file"));
-            }
+            let (file, meta) = open_listed(&path, "shard")?;
             if let Some(want) = entry.in_place_mtime_ns
                 && mtime_ns(&meta) != want
             {
@@ -269,12 +288,8 @@ impl Dataset {
             if let Some(d) = &entry.docs {
                 let open = |name: &str, want: Option<u64>| -> Result<Shard> {
                     let path = dir.join(name);
-                    let file = std::fs::OpenOptions::new()
-                        .read(true)
-                        .custom_flags(libc::O_NOFOLLOW)
-                        .open(&path)
-                        .map_err(|e| shard_open_error(&path, &e))?;
-                    let len = file.metadata().map_err(|e| Error::io(&path, e))?.len();
+                    let (file, meta) = open_listed(&path, "document file")?;
+                    let len = meta.len();
                     match want {
                         Some(want) if len != want => Err(Error::dataset(
                             &path,
@@ -611,6 +626,70 @@ mod tests {
         let mut buf = [0u8; 2];
         assert!(ds.read_stream(n - 1, &mut buf).is_err());
         assert!(ds.read_stream(u64::MAX, &mut buf).is_err());
+    }
+
+    /// Packs 1000 u16 tokens `p % 10` in shards of 1 KiB, with documents ended by token 9.
+    fn packed(dir: &Path) -> (PathBuf, Manifest) {
+        let input = dir.join("t.bin");
+        let tokens: Vec<u8> = (0..1000u16).flat_map(|p| (p % 10).to_le_bytes()).collect();
+        std::fs::write(&input, tokens).unwrap();
+        let ds = dir.join("ds");
+        let options = crate::pack::PackOptions {
+            dtype: Some(crate::dtype::ScalarType::U16),
+            shard_size: 1024,
+            doc_sep: Some(9),
+            ..crate::pack::PackOptions::default()
+        };
+        let manifest = crate::pack::pack(&ds, &[input], &options).unwrap();
+        (ds.canonicalize().unwrap(), manifest)
+    }
+
+    #[test]
+    fn a_fifo_or_directory_in_place_of_a_listed_file_is_refused_without_blocking() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (ds, manifest) = packed(tmp.path());
+        let docs = manifest.shards[1].docs.clone().unwrap();
+        for (name, make_fifo) in [
+            (manifest.shards[0].path.clone(), true),
+            (docs.meta.clone(), true),
+            (docs.ids.clone(), false),
+        ] {
+            let path = ds.join(&name);
+            let saved = std::fs::read(&path).unwrap();
+            std::fs::remove_file(&path).unwrap();
+            if make_fifo {
+                nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o644))
+                    .unwrap();
+            } else {
+                std::fs::create_dir(&path).unwrap();
+            }
+            // Opening a FIFO for reading used to wait for a writer: a mount that never
+            // returned. Opened on a thread so that a regression fails instead of hanging.
+            let (tx, rx) = std::sync::mpsc::channel();
+            let dir = ds.clone();
+            std::thread::spawn(move || tx.send(Dataset::open(&dir).map(|_| ())).unwrap());
+            let result = rx
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .unwrap_or_else(|_| {
+                    // Unblock the stuck open before failing.
+                    let _ = std::fs::OpenOptions::new().write(true).open(&path);
+                    panic!("{name}: Dataset::open blocked on a FIFO")
+                });
+            let msg = result.unwrap_err().to_string();
+            assert!(
+                msg.starts_with(&format!("{}: ", path.display()))
+                    && msg.contains("is not a regular file")
+                    && msg.contains("re-run `shufflefs pack`"),
+                "{msg}"
+            );
+            if make_fifo {
+                std::fs::remove_file(&path).unwrap();
+            } else {
+                std::fs::remove_dir(&path).unwrap();
+            }
+            std::fs::write(&path, saved).unwrap();
+        }
+        Dataset::open(&ds).unwrap();
     }
 
     struct Truncated(Vec<u8>);
