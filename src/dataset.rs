@@ -187,7 +187,7 @@ fn shard_open_error(path: &Path, e: &io::Error) -> Error {
             "cannot open shard: {e}; the dataset has more shards than this process may open: \
              raise the open-file limit (ulimit -n) or re-pack with a larger --shard-size"
         ),
-        _ => format!("cannot open shard: {e}"),
+        _ => format!("cannot open shard: {e}; restore the file or re-run `shufflefs pack`"),
     };
     Error::dataset(path, message)
 }
@@ -309,7 +309,7 @@ impl Dataset {
                 let (Some(ids), Some(index), Some(docs)) = sizes else {
                     return Err(Error::dataset(
                         &manifest_path,
-                        "document file sizes overflow",
+                        format!("document file sizes overflow{}", format::EDITED),
                     ));
                 };
                 shard = shard.with_docs(DocFiles {

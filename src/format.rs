@@ -133,10 +133,11 @@ impl Manifest {
         Ok(manifest)
     }
 
-    /// Checks every invariant a reader relies on.
+    /// Checks every invariant a reader relies on. Every message but the version's ends with
+    /// [`EDITED`], which says what to do.
     pub fn validate(&self, path: &Path) -> Result<()> {
-        let fail = |msg: String| Err(Error::dataset(path, msg));
-        let dataset_err = |msg: String| Error::dataset(path, msg);
+        let dataset_err = |msg: String| Error::dataset(path, format!("{msg}{EDITED}"));
+        let fail = |msg: String| Err(dataset_err(msg));
         if self.format != FORMAT_NAME {
             return fail(format!(
                 "format is {:?}, expected {FORMAT_NAME:?}",
@@ -144,10 +145,13 @@ impl Manifest {
             ));
         }
         if self.version != VERSION {
-            return fail(format!(
-                "manifest version {} but this shufflefs reads version {VERSION}: \
+            return Err(Error::dataset(
+                path,
+                format!(
+                    "manifest version {} but this shufflefs reads version {VERSION}: \
                  re-run `shufflefs pack` with this version, or use the shufflefs that wrote it",
-                self.version
+                    self.version
+                ),
             ));
         }
         let record = RecordType::from_manifest(&self.dtype)
@@ -260,7 +264,7 @@ impl Manifest {
         }
         if self.content_hash != content_hash(&self.shards) {
             return fail(format!(
-                "content_hash {:?} does not match the shard list; the manifest was edited",
+                "content_hash {:?} does not match the shard list",
                 self.content_hash
             ));
         }
@@ -279,6 +283,10 @@ impl Manifest {
         out
     }
 }
+
+/// The end of every manifest validation message except the version's: what to do.
+pub const EDITED: &str =
+    "; the manifest is damaged or was edited: restore it or re-run `shufflefs pack`";
 
 /// The name of shard `index` written by the pack run `pack_id`.
 pub fn shard_name(pack_id: &str, index: usize) -> String {
@@ -495,6 +503,19 @@ mod tests {
         check(&|m| m.shards[0].path = "a/b".into(), "plain file name");
         check(&|m| m.shards[0].hash = "zz".into(), "hex");
         check(&|m| m.shards[0].hash = format_hash(9), "content_hash");
+        check(
+            &|m| m.shards[0].hash = format_hash(9),
+            "does not match the shard list",
+        );
+        // Every message says what to do.
+        check(&|m| m.format = "x".into(), EDITED);
+        check(&|m| m.itemsize = 2, EDITED);
+        check(&|m| m.shards[0].path = "../x.bin".into(), EDITED);
+        check(&|m| m.shards[0].hash = format_hash(9), EDITED);
+        check(
+            &|m| m.version = 1,
+            "re-run `shufflefs pack` with this version",
+        );
         let mut value: serde_json::Value = serde_json::from_slice(&sample().to_bytes()).unwrap();
         value["extra"] = 1.into();
         let err = Manifest::parse(value.to_string().as_bytes(), Path::new("m")).unwrap_err();
