@@ -203,6 +203,17 @@ impl Manifest {
                     shard.hash
                 ));
             }
+            // An in-place shard's hash is its identity (path, size, mtime): checking it is
+            // what binds the path, which content_hash does not cover, to the shard.
+            if let Some(mtime) = shard.in_place_mtime_ns
+                && shard.hash != in_place_hash(&shard.path, shard.bytes, mtime)
+            {
+                return fail(format!(
+                    "shards[{i}].hash {:?} is not the in-place identity of its path {:?}, \
+                     bytes and in_place_mtime_ns",
+                    shard.hash, shard.path
+                ));
+            }
             total = total
                 .checked_add(shard.records)
                 .ok_or_else(|| dataset_err("record count overflows 64 bits".into()))?;
@@ -692,6 +703,36 @@ mod tests {
         );
         assert_eq!(pack_shard_number("shard-0123ABCD-00001.bin"), None);
         assert_eq!(pack_shard_number("shard-p-00001.bin"), None);
+    }
+
+    #[test]
+    fn an_in_place_shard_hash_binds_its_path() {
+        let mut m = sample();
+        for (k, s) in m.shards.iter_mut().enumerate() {
+            s.path = format!("/data/part{k}.bin");
+            s.bytes = 40;
+            s.records = 10;
+            s.in_place_mtime_ns = Some(1_700_000_000_000_000_000);
+            s.hash = in_place_hash(&s.path, s.bytes, 1_700_000_000_000_000_000);
+        }
+        m.records = 20;
+        m.content_hash = content_hash(&m.shards);
+        Manifest::parse(&m.to_bytes(), Path::new("m")).unwrap();
+        // Swapped paths (equal sizes and mtimes) keep content_hash: before the check this
+        // served the two files in the wrong order under the same fingerprint.
+        let mut swapped = m.clone();
+        swapped.shards[0].path = m.shards[1].path.clone();
+        swapped.shards[1].path = m.shards[0].path.clone();
+        let msg = Manifest::parse(&swapped.to_bytes(), Path::new("m"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("shards[0].hash") && msg.contains("is not the in-place identity"),
+            "{msg}"
+        );
+        let mut moved = m.clone();
+        moved.shards[1].path = "/data/other.bin".into();
+        assert!(Manifest::parse(&moved.to_bytes(), Path::new("m")).is_err());
     }
 
     #[test]
