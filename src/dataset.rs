@@ -466,6 +466,13 @@ impl Dataset {
             .ok()
             .filter(|m| serde_json::from_str::<&serde_json::value::RawValue>(m).is_ok())
             .ok_or_else(|| self.corrupt(d.meta.path(), "metadata entry is not valid JSON"))?;
+        // pack stores the value's own text, which neither starts nor ends with whitespace.
+        if meta.starts_with([' ', '\t', '\n', '\r']) || meta.ends_with([' ', '\t', '\n', '\r']) {
+            return Err(self.corrupt(
+                d.meta.path(),
+                "metadata entry has whitespace around its JSON value",
+            ));
+        }
         Ok((doc, entry, meta))
     }
 
@@ -503,25 +510,34 @@ impl Dataset {
                 }
                 let (doc, entry, meta) = self.entry(d, &offsets, &data, lo, id)?;
                 let (start, stop) = (pos - record + i as u64, pos - record + j as u64);
-                // Documents are runs of consecutive records: the next run belongs to the
-                // same document or the next one.
-                if let Some(last) = out.last()
-                    && doc != last.doc
-                    && Some(doc) != last.doc.checked_add(1)
-                {
-                    let before = match self.shards[index.saturating_sub(1)].docs() {
-                        Some(prev) if i == 0 => {
-                            format!(" at the end of {}", prev.ids.path().display())
-                        }
-                        _ => String::new(),
+                // Documents are runs of consecutive records, and entries are numbered in
+                // the order pack meets them: the next run belongs to the same document or
+                // the next one, a run of the next document has a larger entry number, and
+                // a run with the same entry number (continued from the previous shard) is
+                // the same entry, document and metadata.
+                if let Some(last) = out.last() {
+                    let fits = if entry == last.entry {
+                        doc == last.doc && meta == last.meta
+                    } else {
+                        doc == last.doc
+                            || (Some(doc) == last.doc.checked_add(1) && entry > last.entry)
                     };
-                    return Err(self.corrupt(
-                        d.ids.path(),
-                        &format!(
-                            "records of document {doc} follow records of document {}{before}",
-                            last.doc
-                        ),
-                    ));
+                    if !fits {
+                        let before = match self.shards[index.saturating_sub(1)].docs() {
+                            Some(prev) if i == 0 => {
+                                format!(" at the end of {}", prev.ids.path().display())
+                            }
+                            _ => String::new(),
+                        };
+                        return Err(self.corrupt(
+                            d.ids.path(),
+                            &format!(
+                                "records of document {doc} (entry {entry}) follow records of \
+                                 document {} (entry {}){before}",
+                                last.doc, last.entry
+                            ),
+                        ));
+                    }
                 }
                 match out.last_mut() {
                     Some(last) if last.entry == entry && last.end == start => last.end = stop,
@@ -777,11 +793,14 @@ mod tests {
             let len = 1 + (k * 5) % 7;
             let tokens: Vec<u64> = (pos..pos + len).collect();
             let spans = if k % 2 == 1 {
-                format!(r#", "spans": [{{"start": 0, "end": 1, "meta": {{"s": {k}}}}}]"#)
+                format!(r#", "spans": [{{"start": 0, "end": 1, "meta":  {{"s": {k}}}  }}]"#)
             } else {
                 String::new()
             };
-            lines.push_str(&format!(r#"{{"tokens": {tokens:?}, "meta": {k}{spans}}}"#));
+            // Whitespace around values: pack stores each value's own text.
+            lines.push_str(&format!(
+                "{{\"tokens\": {tokens:?}, \"meta\": \t {k} {spans}}}"
+            ));
             lines.push('\n');
             docs.push((pos, len));
             pos += len;
@@ -810,7 +829,7 @@ mod tests {
                 assert_eq!((doc.start, doc.len, doc.meta), (start, len, d.to_string()));
                 dataset.spans(start, len).unwrap();
             }
-            for first in 0..manifest.records {
+            for first in (0..manifest.records).step_by(5) {
                 dataset.spans(first, manifest.records - first).unwrap();
             }
         }
@@ -905,15 +924,62 @@ mod tests {
             assert!(msg.ends_with("re-run `shufflefs pack`"), "{what}: {msg}");
             std::fs::write(&path, pristine).unwrap();
         }
-        // Records whose ids jump to an entry of a document two or more away.
-        let (path, pristine) = edit(&shard(k).ids, &|b| {
-            let last = b.len() - 4;
-            b.copy_within(0..4, last);
-        });
-        let dataset = Dataset::open(&ds).unwrap();
-        let msg = dataset.spans(0, manifest.records).unwrap_err().to_string();
-        assert!(msg.contains("follow records of document"), "{msg}");
-        std::fs::write(&path, pristine).unwrap();
+        // Damage only a whole pass over the stream's metadata can see.
+        let offsets = |k: usize| -> Vec<usize> {
+            let idx = std::fs::read(ds.join(shard(k).index)).unwrap();
+            idx.chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
+                .collect()
+        };
+        let idx = offsets(k);
+        let whole: Vec<Damage<'_>> = vec![
+            (
+                "ids jumping to an entry of a document two or more away",
+                shard(k).ids,
+                Box::new(|b| {
+                    let last = b.len() - 4;
+                    b.copy_within(0..4, last);
+                }),
+                "follow records of document",
+            ),
+            (
+                "every entry numbered 0",
+                shard(k).meta,
+                Box::new(move |b| {
+                    for &at in &idx[..idx.len() - 1] {
+                        b[at + 8..at + 16].fill(0);
+                    }
+                }),
+                "follow records of document",
+            ),
+            (
+                "metadata text with a trailing space",
+                (0..manifest.shards.len())
+                    .map(|j| shard(j).meta)
+                    .find(|m| {
+                        let b = std::fs::read(ds.join(m)).unwrap();
+                        b.windows(5).any(|w| w == b"\"s\": ")
+                    })
+                    .unwrap(),
+                Box::new(|b| {
+                    let at = b.windows(5).position(|w| w == b"\"s\": ").unwrap();
+                    let end = at + b[at..].iter().position(|&c| c == b'}').unwrap();
+                    b.copy_within(at + 5..=end, at + 4);
+                    b[end] = b' ';
+                }),
+                "whitespace around its JSON value",
+            ),
+        ];
+        for (what, name, f, want) in &whole {
+            let (path, pristine) = edit(name, f.as_ref());
+            let dataset = Dataset::open(&ds).unwrap();
+            let msg = dataset
+                .spans(0, manifest.records)
+                .expect_err(what)
+                .to_string();
+            assert!(msg.contains(want), "{what}: {msg}");
+            std::fs::write(&path, pristine).unwrap();
+        }
     }
 
     struct Truncated(Vec<u8>);
