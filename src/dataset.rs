@@ -254,9 +254,38 @@ fn shard_open_error(path: &Path, e: &io::Error) -> Error {
             "cannot open shard: {e}; the dataset has more shards than this process may open: \
              raise the open-file limit (ulimit -n) or re-pack with a larger --shard-size"
         ),
-        _ => format!("cannot open shard: {e}"),
+        _ => format!("cannot open shard: {e}; restore the file or re-run `shufflefs pack`"),
     };
     Error::dataset(path, message)
+}
+
+/// Opens a file the manifest lists (`what`: "shard", "document file") and checks that it is a
+/// regular file. `O_NOFOLLOW`: it must be the file in the dataset directory, not a symbolic
+/// link that could expose another file through the mount. `O_NONBLOCK`: opening a FIFO must
+/// not wait for a writer (it would hang the mount); the flag is cleared again once the file is
+/// known to be regular.
+fn open_listed(path: &Path, what: &str) -> Result<(File, std::fs::Metadata)> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| shard_open_error(path, &e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::dataset(
+            path,
+            format!(
+                "{what} is not a regular file; replace it with the file `shufflefs pack` \
+                 wrote, or re-run `shufflefs pack`"
+            ),
+        ));
+    }
+    nix::fcntl::fcntl(
+        &file,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::empty()),
+    )
+    .map_err(|e| Error::io(path, e.into()))?;
+    Ok((file, meta))
 }
 
 /// An opened, validated dataset.
@@ -295,17 +324,7 @@ impl Dataset {
         let mut shards = Vec::with_capacity(manifest.shards.len());
         for entry in &manifest.shards {
             let path = dir.join(&entry.path);
-            // O_NOFOLLOW: a shard must be the file in the dataset directory, not a symlink
-            // that could expose another file through the mount.
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&path)
-                .map_err(|e| shard_open_error(&path, &e))?;
-            let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
-            if !meta.is_file() {
-                return Err(Error::dataset(&path, "shard is not a regular file"));
-            }
+            let (file, meta) = open_listed(&path, "shard")?;
             if let Some(want) = entry.in_place_mtime_ns
                 && mtime_ns(&meta) != want
             {
@@ -337,12 +356,8 @@ impl Dataset {
             let mut shard = Shard::new(path, entry.bytes, Arc::new(file));
             let open = |name: &str, want: Option<u64>| -> Result<Shard> {
                 let path = dir.join(name);
-                let file = std::fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(&path)
-                    .map_err(|e| shard_open_error(&path, &e))?;
-                let len = file.metadata().map_err(|e| Error::io(&path, e))?.len();
+                let (file, meta) = open_listed(&path, "document file")?;
+                let len = meta.len();
                 match want {
                     Some(want) if len != want => Err(Error::dataset(
                         &path,
@@ -367,7 +382,7 @@ impl Dataset {
                 let (Some(ids), Some(index), Some(docs)) = sizes else {
                     return Err(Error::dataset(
                         &manifest_path,
-                        "document file sizes overflow",
+                        format!("document file sizes overflow{}", format::EDITED),
                     ));
                 };
                 shard = shard.with_docs(DocFiles {
@@ -509,7 +524,14 @@ impl Dataset {
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
             .collect();
-        if offsets.windows(2).any(|w| w[1] < w[0] + 16) || offsets[count - 1] > d.meta.len() {
+        // idx[0] = 0 and idx[entries] = meta_bytes, where the read reaches them.
+        let first_ok = lo > 0 || offsets[0] == 0;
+        let last_ok = u64::from(hi) + 1 < d.entries || offsets[count - 1] == d.meta.len();
+        if offsets.windows(2).any(|w| w[1] < w[0].saturating_add(16))
+            || offsets[count - 1] > d.meta.len()
+            || !first_ok
+            || !last_ok
+        {
             return Err(self.corrupt(
                 d.index.path(),
                 "entry offsets not increasing or past the end",
@@ -534,10 +556,20 @@ impl Dataset {
         let bytes = &data[(offsets[k] - base) as usize..(offsets[k + 1] - base) as usize];
         let doc = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
         let entry = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+        if doc >= self.manifest.documents.unwrap_or(0) {
+            return Err(self.corrupt(d.meta.path(), "metadata entry of a document out of range"));
+        }
         let meta = std::str::from_utf8(&bytes[16..])
             .ok()
             .filter(|m| serde_json::from_str::<&serde_json::value::RawValue>(m).is_ok())
             .ok_or_else(|| self.corrupt(d.meta.path(), "metadata entry is not valid JSON"))?;
+        // pack stores the value's own text, which neither starts nor ends with whitespace.
+        if meta.starts_with([' ', '\t', '\n', '\r']) || meta.ends_with([' ', '\t', '\n', '\r']) {
+            return Err(self.corrupt(
+                d.meta.path(),
+                "metadata entry has whitespace around its JSON value",
+            ));
+        }
         Ok((doc, entry, meta))
     }
 
@@ -575,6 +607,35 @@ impl Dataset {
                 }
                 let (doc, entry, meta) = self.entry(d, &offsets, &data, lo, id)?;
                 let (start, stop) = (pos - record + i as u64, pos - record + j as u64);
+                // Documents are runs of consecutive records, and entries are numbered in
+                // the order pack meets them: the next run belongs to the same document or
+                // the next one, a run of the next document has a larger entry number, and
+                // a run with the same entry number (continued from the previous shard) is
+                // the same entry, document and metadata.
+                if let Some(last) = out.last() {
+                    let fits = if entry == last.entry {
+                        doc == last.doc && meta == last.meta
+                    } else {
+                        doc == last.doc
+                            || (Some(doc) == last.doc.checked_add(1) && entry > last.entry)
+                    };
+                    if !fits {
+                        let before = match self.shards[index.saturating_sub(1)].docs() {
+                            Some(prev) if i == 0 => {
+                                format!(" at the end of {}", prev.ids.path().display())
+                            }
+                            _ => String::new(),
+                        };
+                        return Err(self.corrupt(
+                            d.ids.path(),
+                            &format!(
+                                "records of document {doc} (entry {entry}) follow records of \
+                                 document {} (entry {}){before}",
+                                last.doc, last.entry
+                            ),
+                        ));
+                    }
+                }
                 match out.last_mut() {
                     Some(last) if last.entry == entry && last.end == start => last.end = stop,
                     _ => out.push(Span {
@@ -600,17 +661,63 @@ impl Dataset {
             .docs()
             .ok_or_else(|| Error::invalid("the dataset has no documents"))?;
         let local = doc - (self.doc_ends[index] - d.documents);
-        let mut raw = [0u8; format::DOC_RECORD as usize];
-        d.docs.read_exact_at(&mut raw, local * format::DOC_RECORD)?;
-        let field = |k: usize| u64::from_le_bytes(raw[k * 8..k * 8 + 8].try_into().expect("8"));
-        let (start, len, entry) = (field(0), field(1), field(2));
+        // The record and its neighbours in this shard, in one read: documents tile the
+        // stream, so each starts where the one before it ends.
+        let first = local.saturating_sub(1);
+        let last = (local + 1).min(d.documents - 1);
+        let mut raw = vec![0u8; ((last - first + 1) * format::DOC_RECORD) as usize];
+        d.docs.read_exact_at(&mut raw, first * format::DOC_RECORD)?;
+        let record = |l: u64| {
+            let at = ((l - first) * format::DOC_RECORD) as usize;
+            let field = |k: usize| {
+                u64::from_le_bytes(raw[at + k * 8..at + k * 8 + 8].try_into().expect("8"))
+            };
+            (field(0), field(1), field(2))
+        };
+        let (start, len, entry) = record(local);
         let entry = u32::try_from(entry)
             .map_err(|_| self.corrupt(d.docs.path(), "document entry out of range"))?;
-        if start.checked_add(len).is_none_or(|e| e > self.n_records()) {
-            return Err(self.corrupt(d.docs.path(), "document extends past the stream"));
+        let end = start
+            .checked_add(len)
+            .filter(|&e| e <= self.n_records())
+            .ok_or_else(|| self.corrupt(d.docs.path(), "document extends past the stream"))?;
+        // A document is listed by the shard where it starts (or, when pack started a new
+        // shard for its entries, the shard just before), and the last one listed there ends
+        // at or after the shard's end: otherwise the next document would start in the shard.
+        let itemsize = self.record.itemsize() as u64;
+        let shard_first = (self.ends[index] - shard.len) / itemsize;
+        let shard_end = self.ends[index] / itemsize;
+        let follows = |(s, l, _): (u64, u64, u64)| s.checked_add(l) == Some(start);
+        let placed = len > 0
+            && (shard_first..=shard_end).contains(&start)
+            && (local == 0 || follows(record(local - 1)))
+            && if local + 1 < d.documents {
+                record(local + 1).0 == end
+            } else {
+                end >= shard_end
+            };
+        if !placed {
+            return Err(self.corrupt(
+                d.docs.path(),
+                &format!("document {doc} at records [{start}, {end}) does not fit its place"),
+            ));
         }
-        let (offsets, data) = self.read_entries(d, entry, entry)?;
-        let (_, _, meta) = self.entry(d, &offsets, &data, entry, entry)?;
+        // Its entry (and the one before, in the same two reads) is the document's own: it
+        // names the document, and pack stores it before any other entry of the document.
+        let lo = entry.saturating_sub(1);
+        let (offsets, data) = self.read_entries(d, lo, entry)?;
+        let (owner, _, meta) = self.entry(d, &offsets, &data, lo, entry)?;
+        let before = if entry > 0 {
+            Some(self.entry(d, &offsets, &data, lo, lo)?.0)
+        } else {
+            None
+        };
+        if owner != doc || before == Some(doc) {
+            return Err(self.corrupt(
+                d.docs.path(),
+                &format!("the entry of document {doc} is not its own"),
+            ));
+        }
         Ok(Document {
             start,
             len,
@@ -713,6 +820,268 @@ mod tests {
         let mut buf = [0u8; 2];
         assert!(ds.read_stream(n - 1, &mut buf).is_err());
         assert!(ds.read_stream(u64::MAX, &mut buf).is_err());
+    }
+
+    /// Packs 1000 u16 tokens `p % 10` in shards of 1 KiB, with documents ended by token 9.
+    fn packed(dir: &Path) -> (PathBuf, Manifest) {
+        let input = dir.join("t.bin");
+        let tokens: Vec<u8> = (0..1000u16).flat_map(|p| (p % 10).to_le_bytes()).collect();
+        std::fs::write(&input, tokens).unwrap();
+        let ds = dir.join("ds");
+        let options = crate::pack::PackOptions {
+            dtype: Some(crate::dtype::ScalarType::U16),
+            shard_size: 1024,
+            doc_sep: Some(9),
+            ..crate::pack::PackOptions::default()
+        };
+        let manifest = crate::pack::pack(&ds, &[input], &options).unwrap();
+        (ds.canonicalize().unwrap(), manifest)
+    }
+
+    #[test]
+    fn a_fifo_or_directory_in_place_of_a_listed_file_is_refused_without_blocking() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (ds, manifest) = packed(tmp.path());
+        let docs = manifest.shards[1].docs.clone().unwrap();
+        for (name, make_fifo) in [
+            (manifest.shards[0].path.clone(), true),
+            (docs.meta.clone(), true),
+            (docs.ids.clone(), false),
+        ] {
+            let path = ds.join(&name);
+            let saved = std::fs::read(&path).unwrap();
+            std::fs::remove_file(&path).unwrap();
+            if make_fifo {
+                nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o644))
+                    .unwrap();
+            } else {
+                std::fs::create_dir(&path).unwrap();
+            }
+            // Opening a FIFO for reading used to wait for a writer: a mount that never
+            // returned. Opened on a thread so that a regression fails instead of hanging.
+            let (tx, rx) = std::sync::mpsc::channel();
+            let dir = ds.clone();
+            std::thread::spawn(move || tx.send(Dataset::open(&dir).map(|_| ())).unwrap());
+            let result = rx
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .unwrap_or_else(|_| {
+                    // Unblock the stuck open before failing.
+                    let _ = std::fs::OpenOptions::new().write(true).open(&path);
+                    panic!("{name}: Dataset::open blocked on a FIFO")
+                });
+            let msg = result.unwrap_err().to_string();
+            assert!(
+                msg.starts_with(&format!("{}: ", path.display()))
+                    && msg.contains("is not a regular file")
+                    && msg.contains("re-run `shufflefs pack`"),
+                "{msg}"
+            );
+            if make_fifo {
+                std::fs::remove_file(&path).unwrap();
+            } else {
+                std::fs::remove_dir(&path).unwrap();
+            }
+            std::fs::write(&path, saved).unwrap();
+        }
+        Dataset::open(&ds).unwrap();
+    }
+
+    /// JSON Lines documents `k` of `1 + (5k) % 7` u16 tokens (their positions); odd ones
+    /// start with a one-token span. Shards of 16 records, at most `max_entries` entries each.
+    fn packed_documents(dir: &Path, max_entries: u64) -> (PathBuf, Manifest, Vec<(u64, u64)>) {
+        let mut lines = String::new();
+        let (mut pos, mut docs) = (0u64, Vec::new());
+        for k in 0..40u64 {
+            let len = 1 + (k * 5) % 7;
+            let tokens: Vec<u64> = (pos..pos + len).collect();
+            let spans = if k % 2 == 1 {
+                format!(r#", "spans": [{{"start": 0, "end": 1, "meta":  {{"s": {k}}}  }}]"#)
+            } else {
+                String::new()
+            };
+            // Whitespace around values: pack stores each value's own text.
+            lines.push_str(&format!(
+                "{{\"tokens\": {tokens:?}, \"meta\": \t {k} {spans}}}"
+            ));
+            lines.push('\n');
+            docs.push((pos, len));
+            pos += len;
+        }
+        let input = dir.join("docs.jsonl");
+        std::fs::write(&input, lines).unwrap();
+        let ds = dir.join("ds");
+        let options = crate::pack::PackOptions {
+            dtype: Some(crate::dtype::ScalarType::U16),
+            shard_size: 32,
+            max_entries_per_shard: Some(max_entries),
+            ..crate::pack::PackOptions::default()
+        };
+        let manifest = crate::pack::pack(&ds, &[input], &options).unwrap();
+        (ds, manifest, docs)
+    }
+
+    #[test]
+    fn read_checks_accept_every_packed_document() {
+        for max_entries in [2, 3, 4, 1 << 32] {
+            let tmp = tempfile::tempdir().unwrap();
+            let (ds, manifest, docs) = packed_documents(tmp.path(), max_entries);
+            let dataset = Dataset::open(&ds).unwrap();
+            for (d, &(start, len)) in docs.iter().enumerate() {
+                let doc = dataset.document(d as u64).unwrap();
+                assert_eq!((doc.start, doc.len, doc.meta), (start, len, d.to_string()));
+                dataset.spans(start, len).unwrap();
+            }
+            for first in (0..manifest.records).step_by(5) {
+                dataset.spans(first, manifest.records - first).unwrap();
+            }
+        }
+    }
+
+    /// (what, file name, edit, expected words of the error).
+    type Damage<'a> = (
+        &'static str,
+        String,
+        Box<dyn Fn(&mut Vec<u8>) + 'a>,
+        &'static str,
+    );
+
+    #[test]
+    fn same_size_damage_to_document_files_fails_the_read() {
+        // Each edit keeps every file's size, so the dataset opens; before these checks each
+        // served a wrong document range or wrong metadata under the same fingerprint.
+        let tmp = tempfile::tempdir().unwrap();
+        let (ds, manifest, docs) = packed_documents(tmp.path(), 1 << 32);
+        let shard = |k: usize| manifest.shards[k].docs.clone().unwrap();
+        let edit = |name: &str, f: &dyn Fn(&mut Vec<u8>)| {
+            let path = ds.join(name);
+            let pristine = std::fs::read(&path).unwrap();
+            let mut bytes = pristine.clone();
+            f(&mut bytes);
+            assert_eq!(bytes.len(), pristine.len());
+            std::fs::write(&path, &bytes).unwrap();
+            (path, pristine)
+        };
+        let u64_at = |b: &[u8], i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        let put = |b: &mut Vec<u8>, i: usize, v: u64| b[i..i + 8].copy_from_slice(&v.to_le_bytes());
+        // The first shard with at least two documents, and its first document's number.
+        let k = (0..manifest.shards.len())
+            .find(|&k| shard(k).documents >= 2)
+            .unwrap();
+        let cases: Vec<Damage<'_>> = vec![
+            (
+                "one more record in a document",
+                shard(k).docs,
+                Box::new(move |b| put(b, 8, u64_at(b, 8) + 1)),
+                "does not fit its place",
+            ),
+            (
+                "two document records swapped",
+                shard(k).docs,
+                Box::new(|b| {
+                    let first: Vec<u8> = b[..24].to_vec();
+                    b.copy_within(24..48, 0);
+                    b[24..48].copy_from_slice(&first);
+                }),
+                "does not fit its place",
+            ),
+            (
+                "a document's entry pointing at another entry",
+                shard(k).docs,
+                Box::new(move |b| put(b, 16, u64_at(b, 16) + 1)),
+                "is not its own",
+            ),
+            (
+                "an entry naming a document past the end",
+                shard(k).meta,
+                Box::new(|b| put(b, 0, 1 << 40)),
+                "document out of range",
+            ),
+            (
+                "an entry offset near u64::MAX (overflowed the check)",
+                shard(k).index,
+                Box::new(|b| put(b, 0, u64::MAX - 7)),
+                "entry offsets",
+            ),
+            (
+                "the first entry offset not 0",
+                shard(k).index,
+                Box::new(|b| put(b, 0, 1)),
+                "entry offsets",
+            ),
+        ];
+        for (what, name, f, want) in &cases {
+            let (path, pristine) = edit(name, f.as_ref());
+            let dataset = Dataset::open(&ds).unwrap();
+            let mut errors = Vec::new();
+            for (d, &(start, len)) in docs.iter().enumerate() {
+                errors.extend(dataset.document(d as u64).err());
+                errors.extend(dataset.spans(start, len).err());
+            }
+            let msg = errors
+                .iter()
+                .map(|e| e.to_string())
+                .find(|m| m.contains(want))
+                .unwrap_or_else(|| panic!("{what}: no error says {want:?}: {errors:?}"));
+            assert!(msg.contains(&name[..name.len() - 4]), "{what}: {msg}");
+            assert!(msg.ends_with("re-run `shufflefs pack`"), "{what}: {msg}");
+            std::fs::write(&path, pristine).unwrap();
+        }
+        // Damage only a whole pass over the stream's metadata can see.
+        let offsets = |k: usize| -> Vec<usize> {
+            let idx = std::fs::read(ds.join(shard(k).index)).unwrap();
+            idx.chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
+                .collect()
+        };
+        let idx = offsets(k);
+        let whole: Vec<Damage<'_>> = vec![
+            (
+                "ids jumping to an entry of a document two or more away",
+                shard(k).ids,
+                Box::new(|b| {
+                    let last = b.len() - 4;
+                    b.copy_within(0..4, last);
+                }),
+                "follow records of document",
+            ),
+            (
+                "every entry numbered 0",
+                shard(k).meta,
+                Box::new(move |b| {
+                    for &at in &idx[..idx.len() - 1] {
+                        b[at + 8..at + 16].fill(0);
+                    }
+                }),
+                "follow records of document",
+            ),
+            (
+                "metadata text with a trailing space",
+                (0..manifest.shards.len())
+                    .map(|j| shard(j).meta)
+                    .find(|m| {
+                        let b = std::fs::read(ds.join(m)).unwrap();
+                        b.windows(5).any(|w| w == b"\"s\": ")
+                    })
+                    .unwrap(),
+                Box::new(|b| {
+                    let at = b.windows(5).position(|w| w == b"\"s\": ").unwrap();
+                    let end = at + b[at..].iter().position(|&c| c == b'}').unwrap();
+                    b.copy_within(at + 5..=end, at + 4);
+                    b[end] = b' ';
+                }),
+                "whitespace around its JSON value",
+            ),
+        ];
+        for (what, name, f, want) in &whole {
+            let (path, pristine) = edit(name, f.as_ref());
+            let dataset = Dataset::open(&ds).unwrap();
+            let msg = dataset
+                .spans(0, manifest.records)
+                .expect_err(what)
+                .to_string();
+            assert!(msg.contains(want), "{what}: {msg}");
+            std::fs::write(&path, pristine).unwrap();
+        }
     }
 
     struct Truncated(Vec<u8>);

@@ -153,10 +153,11 @@ impl Manifest {
         Ok(manifest)
     }
 
-    /// Checks every invariant a reader relies on.
+    /// Checks every invariant a reader relies on. Every message but the version's ends with
+    /// [`EDITED`], which says what to do.
     pub fn validate(&self, path: &Path) -> Result<()> {
-        let fail = |msg: String| Err(Error::dataset(path, msg));
-        let dataset_err = |msg: String| Error::dataset(path, msg);
+        let dataset_err = |msg: String| Error::dataset(path, format!("{msg}{EDITED}"));
+        let fail = |msg: String| Err(dataset_err(msg));
         if self.format != FORMAT_NAME {
             return fail(format!(
                 "format is {:?}, expected {FORMAT_NAME:?}",
@@ -164,10 +165,14 @@ impl Manifest {
             ));
         }
         if !(MIN_VERSION..=VERSION).contains(&self.version) {
-            return fail(format!(
-                "manifest version {} but this shufflefs reads versions {MIN_VERSION} to {VERSION}: \
+            return Err(Error::dataset(
+                path,
+                format!(
+                    "manifest version {} but this shufflefs reads versions {MIN_VERSION} to \
+                     {VERSION}: \
                  re-run `shufflefs pack` with this version, or use the shufflefs that wrote it",
-                self.version
+                    self.version
+                ),
             ));
         }
         let record = RecordType::from_manifest(&self.dtype)
@@ -253,6 +258,17 @@ impl Manifest {
                     shard.hash
                 ));
             }
+            // An in-place shard's hash is its identity (path, size, mtime): checking it is
+            // what binds the path, which content_hash does not cover, to the shard.
+            if let Some(mtime) = shard.in_place_mtime_ns
+                && shard.hash != in_place_hash(&shard.path, shard.bytes, mtime)
+            {
+                return fail(format!(
+                    "shards[{i}].hash {:?} is not the in-place identity of its path {:?}, \
+                     bytes and in_place_mtime_ns",
+                    shard.hash, shard.path
+                ));
+            }
             total = total
                 .checked_add(shard.records)
                 .ok_or_else(|| dataset_err("record count overflows 64 bits".into()))?;
@@ -312,11 +328,69 @@ impl Manifest {
         {
             return fail(format!("documents is {n} but the shards hold {docs_total}"));
         }
+        self.check_names().map_err(dataset_err)?;
         if self.content_hash != content_hash(&self.shards) {
             return fail(format!(
-                "content_hash {:?} does not match the shard list; the manifest was edited",
+                "content_hash {:?} does not match the shard list",
                 self.content_hash
             ));
+        }
+        Ok(())
+    }
+
+    /// File names against each other: the content hash covers no name, so a name edited
+    /// to another listed file, or two names swapped, would serve the wrong file's bytes
+    /// under the same identity. Every listed name (shard paths and document files) must be
+    /// distinct, and a name of pack's form (`shard-<id>-<k>.bin`) must belong to shard `k`,
+    /// with document files of the same stem.
+    fn check_names(&self) -> std::result::Result<(), String> {
+        let mut seen: std::collections::HashMap<&str, String> = Default::default();
+        for (i, shard) in self.shards.iter().enumerate() {
+            let mut names = vec![("path".to_string(), &shard.path)];
+            if let Some(d) = &shard.docs {
+                for (field, name) in [
+                    ("ids", &d.ids),
+                    ("index", &d.index),
+                    ("meta", &d.meta),
+                    ("docs", &d.docs),
+                ] {
+                    names.push((format!("docs.{field}"), name));
+                }
+            }
+            for (field, name) in &names {
+                let here = format!("shards[{i}].{field}");
+                if let Some(first) = seen.insert(name, here.clone()) {
+                    return Err(format!("{here} {name:?} is also {first}"));
+                }
+            }
+            if shard.in_place_mtime_ns.is_some() {
+                continue;
+            }
+            let Some((k, stem)) = pack_shard_number(&shard.path) else {
+                continue;
+            };
+            if k != i as u64 {
+                return Err(format!(
+                    "shards[{i}].path {:?} is the name pack gives shard {k}: the shard list \
+                     was reordered or a path edited",
+                    shard.path
+                ));
+            }
+            for (field, name) in &names[1..] {
+                let ext = match field.as_str() {
+                    "docs.ids" => "ids",
+                    "docs.index" => "idx",
+                    "docs.meta" => "meta",
+                    _ => "docs",
+                };
+                if **name != format!("{stem}.{ext}") {
+                    return Err(format!(
+                        "shards[{i}].{field} {name:?} is not named after its shard {:?} \
+                         ({stem}.{ext})",
+                        shard.path
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -334,9 +408,26 @@ impl Manifest {
     }
 }
 
+/// The end of every manifest validation message except the version's: what to do.
+pub const EDITED: &str =
+    "; the manifest is damaged or was edited: restore it or re-run `shufflefs pack`";
+
 /// The name of shard `index` written by the pack run `pack_id`.
 pub fn shard_name(pack_id: &str, index: usize) -> String {
     format!("shard-{pack_id}-{index:05}.bin")
+}
+
+/// The shard number `k` and the stem of a name of exactly the form [`shard_name`] gives:
+/// `shard-<8 lowercase hex digits>-<k, zero-padded to 5 digits>.bin`.
+fn pack_shard_number(path: &str) -> Option<(u64, &str)> {
+    let stem = path.strip_suffix(".bin")?;
+    let (id, k) = stem.strip_prefix("shard-")?.split_once('-')?;
+    let id_ok = id.len() == 8 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if !id_ok || !k.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = k.parse().ok()?;
+    (format!("{n:05}") == k).then_some((n, stem))
 }
 
 /// A shard path must be one plain file name inside the dataset directory.
@@ -611,10 +702,155 @@ mod tests {
         let mut v2 = sample();
         v2.version = 2;
         Manifest::parse(&v2.to_bytes(), Path::new("m")).unwrap();
+        check(
+            &|m| m.shards[0].hash = format_hash(9),
+            "does not match the shard list",
+        );
+        // Every message says what to do.
+        check(&|m| m.format = "x".into(), EDITED);
+        check(&|m| m.itemsize = 2, EDITED);
+        check(&|m| m.shards[0].path = "../x.bin".into(), EDITED);
+        check(&|m| m.shards[0].hash = format_hash(9), EDITED);
+        check(
+            &|m| m.version = 1,
+            "re-run `shufflefs pack` with this version",
+        );
         let mut value: serde_json::Value = serde_json::from_slice(&sample().to_bytes()).unwrap();
         value["extra"] = 1.into();
         let err = Manifest::parse(value.to_string().as_bytes(), Path::new("m")).unwrap_err();
         assert!(err.to_string().contains("unknown field"));
+    }
+
+    /// Three shards named as pack names them, with document files.
+    fn with_docs() -> Manifest {
+        let shards: Vec<ShardEntry> = (0..3)
+            .map(|k| {
+                let path = shard_name("0123abcd", k);
+                let stem = path.trim_end_matches(".bin");
+                ShardEntry {
+                    records: 4,
+                    bytes: 8,
+                    hash: format_hash(k as u64),
+                    docs: Some(ShardDocs {
+                        ids: format!("{stem}.ids"),
+                        index: format!("{stem}.idx"),
+                        meta: format!("{stem}.meta"),
+                        entries: 1,
+                        meta_bytes: 20,
+                        docs: format!("{stem}.docs"),
+                        documents: 1,
+                        hash: format_hash(10 + k as u64),
+                    }),
+                    in_place_mtime_ns: None,
+                    checksums: None,
+                    path,
+                }
+            })
+            .collect();
+        Manifest {
+            format: FORMAT_NAME.into(),
+            version: VERSION,
+            dtype: "<u2".into(),
+            itemsize: 2,
+            records: 12,
+            content_hash: content_hash(&shards),
+            shards,
+            documents: Some(3),
+            metadata: false,
+            created_by: "test".into(),
+        }
+    }
+
+    #[test]
+    fn names_cannot_point_at_another_listed_file_or_be_swapped() {
+        Manifest::parse(&with_docs().to_bytes(), Path::new("m")).unwrap();
+        // None of these edits changes content_hash, which covers no name: before the check
+        // each opened and served another file's bytes under the same fingerprint.
+        let check = |f: &dyn Fn(&mut Manifest), want: &str| {
+            let mut m = with_docs();
+            f(&mut m);
+            assert_eq!(m.content_hash, content_hash(&m.shards));
+            let msg = Manifest::parse(&m.to_bytes(), Path::new("/d/manifest.json"))
+                .unwrap_err()
+                .to_string();
+            assert!(msg.starts_with("/d/manifest.json: "), "{msg}");
+            assert!(msg.contains(want), "{msg:?} lacks {want:?}");
+            assert!(msg.ends_with(EDITED), "{msg}");
+        };
+        let docs = |m: &mut Manifest, k: usize| m.shards[k].docs.clone().unwrap();
+        check(
+            &|m| m.shards[1].path = docs(m, 0).ids,
+            "shards[1].path \"shard-0123abcd-00000.ids\" is also shards[0].docs.ids",
+        );
+        check(
+            &|m| m.shards[2].docs.as_mut().unwrap().meta = docs(m, 1).meta,
+            "shards[2].docs.meta \"shard-0123abcd-00001.meta\" is also shards[1].docs.meta",
+        );
+        check(
+            &|m| m.shards[0].docs.as_mut().unwrap().docs = m.shards[0].path.clone(),
+            "shards[0].docs.docs \"shard-0123abcd-00000.bin\" is also shards[0].path",
+        );
+        check(
+            &|m| {
+                let p0 = m.shards[0].path.clone();
+                m.shards[0].path = std::mem::replace(&mut m.shards[1].path, p0);
+            },
+            "shards[0].path \"shard-0123abcd-00001.bin\" is the name pack gives shard 1",
+        );
+        check(
+            &|m| {
+                let (a, b) = (docs(m, 0).ids, docs(m, 2).ids);
+                m.shards[0].docs.as_mut().unwrap().ids = b;
+                m.shards[2].docs.as_mut().unwrap().ids = a;
+            },
+            "shards[0].docs.ids \"shard-0123abcd-00002.ids\" is not named after its shard",
+        );
+        check(
+            &|m| m.shards[1].docs.as_mut().unwrap().index = "shard-0123abcd-00001.meta2".into(),
+            "shards[1].docs.index",
+        );
+        // Names of another form are the writer's business, but must still be distinct.
+        let mut m = with_docs();
+        m.shards[0].path = "first.bin".into();
+        m.shards[1].path = "shard-0123abcd-000001.bin".into();
+        m.shards[1].docs.as_mut().unwrap().ids = "any.ids".into();
+        Manifest::parse(&m.to_bytes(), Path::new("m")).unwrap();
+        assert_eq!(
+            pack_shard_number("shard-0123abcd-100000.bin"),
+            Some((100000, "shard-0123abcd-100000"))
+        );
+        assert_eq!(pack_shard_number("shard-0123ABCD-00001.bin"), None);
+        assert_eq!(pack_shard_number("shard-p-00001.bin"), None);
+    }
+
+    #[test]
+    fn an_in_place_shard_hash_binds_its_path() {
+        let mut m = sample();
+        for (k, s) in m.shards.iter_mut().enumerate() {
+            s.path = format!("/data/part{k}.bin");
+            s.bytes = 40;
+            s.records = 10;
+            s.in_place_mtime_ns = Some(1_700_000_000_000_000_000);
+            s.hash = in_place_hash(&s.path, s.bytes, 1_700_000_000_000_000_000);
+        }
+        m.records = 20;
+        m.content_hash = content_hash(&m.shards);
+        Manifest::parse(&m.to_bytes(), Path::new("m")).unwrap();
+        // Swapped paths (equal sizes and mtimes) keep content_hash: before the check this
+        // served the two files in the wrong order under the same fingerprint.
+        let mut swapped = m.clone();
+        swapped.shards[0].path = m.shards[1].path.clone();
+        swapped.shards[1].path = m.shards[0].path.clone();
+        let msg = Manifest::parse(&swapped.to_bytes(), Path::new("m"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("shards[0].hash") && msg.contains("is not the in-place identity"),
+            "{msg}"
+        );
+        let mut moved = m.clone();
+        moved.shards[1].path = "/data/other.bin".into();
+        assert!(Manifest::parse(&moved.to_bytes(), Path::new("m")).is_err());
     }
 
     #[test]

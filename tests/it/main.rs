@@ -3,18 +3,23 @@
 //! - `mounted`: real mounts in a TempDir, read through std::fs;
 //! - `cli`: the `shufflefs` binary, its daemon, signals and stale mounts;
 //! - `checksums`: block checksums, `shufflefs verify` and `--verify-reads`;
+//! - `corruption`: seeded manifest and index mutations, each refused naming the file or
+//!   harmless, never different bytes (issue #5);
 //! - `exhaustive`: whole epochs byte for byte against the shards, determinism across
 //!   threads, cache and read order, random read ranges, and name fuzzing (issue #5);
 //! - `faults`: a concurrent soak, SIGKILLed daemons and shards mutated under a live mount;
-//! - `ops`: the mount(8) helper and the systemd units in mount/.
+//! - `ops`: the mount(8) helper and the systemd units in mount/;
+//! - `prefill`: the page-cache prefill (`--prefill`).
 
 mod checksums;
 mod cli;
 mod common;
+mod corruption;
 mod exhaustive;
 mod faults;
 mod model;
 mod mounted;
 mod ops;
+mod prefill;
 mod records;
 mod scale;
