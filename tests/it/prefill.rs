@@ -118,8 +118,8 @@ fn prefilled_steps_are_served_by_the_kernel_with_identical_bytes() {
         "{p}"
     );
     assert_eq!(p["store_failed"], 0);
-    // Rank 1, never read, was never prefilled; step 0 of rank 0 was read from the shards.
-    assert_eq!(s["cache"]["misses"].as_u64().unwrap() >= 1, true);
+    // Step 0 was read from the shards.
+    assert!(s["cache"]["misses"].as_u64().unwrap() >= 1);
     mounted.take().unwrap().unmount().unwrap();
 
     // A remount with prefill serves the same bytes.
