@@ -185,6 +185,11 @@ pub struct MountArgs {
     /// served by the kernel without a round trip to the daemon (pages are dropped once read).
     #[arg(long, help_heading = MOUNT_HEADING)]
     pub prefill: bool,
+    /// Most dataset files (shards, checksum and document files) kept open at once; beyond it
+    /// files are reopened on demand and must still be the files validated at mount (ESTALE
+    /// otherwise).
+    #[arg(long, value_name = "N", default_value_t = crate::fdpool::DEFAULT_MAX_OPEN, help_heading = MOUNT_HEADING)]
+    pub max_open_shards: usize,
 }
 
 /// `shufflefs unmount`.

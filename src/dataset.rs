@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use crate::dtype::RecordType;
 use crate::error::{Error, Result};
+use crate::fdpool::{DEFAULT_MAX_OPEN, FdPool, PinnedFile};
 use crate::format::{self, MANIFEST, Manifest};
 
 /// A source of bytes at offsets: the seam between the read path and storage. Tests plug in
@@ -305,8 +306,16 @@ pub struct Dataset {
 
 impl Dataset {
     /// Opens `dir`: parses and validates the manifest, opens every shard and checks its size
-    /// against the manifest. Any doubt is an error naming the file.
+    /// against the manifest. Any doubt is an error naming the file. Keeps at most
+    /// [`DEFAULT_MAX_OPEN`] descriptors open (see [`Dataset::open_bounded`]).
     pub fn open(dir: &Path) -> Result<Dataset> {
+        Dataset::open_bounded(dir, DEFAULT_MAX_OPEN)
+    }
+
+    /// [`Dataset::open`] keeping at most `max_open` file descriptors open. A dataset with more
+    /// files (shards, checksum and document files) reads them through an [`FdPool`]: each file
+    /// is reopened on demand and must still be the file validated here (`fdpool.rs`).
+    pub fn open_bounded(dir: &Path, max_open: usize) -> Result<Dataset> {
         let dir = &dir.canonicalize().map_err(|e| Error::io(dir, e))?;
         let manifest_path = dir.join(MANIFEST);
         let bytes = std::fs::read(&manifest_path).map_err(|e| {
@@ -321,6 +330,26 @@ impl Dataset {
             }
         })?;
         let manifest = Manifest::parse(&bytes, &manifest_path)?;
+        let files: usize = manifest
+            .shards
+            .iter()
+            .map(|s| 1 + usize::from(s.checksums.is_some()) + 4 * usize::from(s.docs.is_some()))
+            .sum();
+        // All descriptors stay open when they fit (no lock on the read path); otherwise each
+        // file is pinned and its descriptor lives in a bounded pool.
+        let pool = (files > max_open).then(|| {
+            log::info!(
+                "{} files in the dataset, at most {max_open} open at once (--max-open-shards)",
+                files
+            );
+            FdPool::new(max_open)
+        });
+        let source = |path: &Path, file: File, meta: &std::fs::Metadata| -> Arc<dyn ReadAt> {
+            match &pool {
+                Some(pool) => Arc::new(PinnedFile::new(pool, path.to_path_buf(), file, meta)),
+                None => Arc::new(file),
+            }
+        };
         let mut shards = Vec::with_capacity(manifest.shards.len());
         for entry in &manifest.shards {
             let path = dir.join(&entry.path);
@@ -353,7 +382,8 @@ impl Dataset {
                 0,
                 nix::fcntl::PosixFadviseAdvice::POSIX_FADV_RANDOM,
             );
-            let mut shard = Shard::new(path, entry.bytes, Arc::new(file));
+            let shard_source = source(&path, file, &meta);
+            let mut shard = Shard::new(path, entry.bytes, shard_source);
             let open = |name: &str, want: Option<u64>| -> Result<Shard> {
                 let path = dir.join(name);
                 let (file, meta) = open_listed(&path, "document file")?;
@@ -366,7 +396,7 @@ impl Dataset {
                              modified after packing; re-run `shufflefs pack`"
                         ),
                     )),
-                    _ => Ok(Shard::new(path, len, Arc::new(file))),
+                    _ => Ok(Shard::new(path.clone(), len, source(&path, file, &meta))),
                 }
             };
             if let Some(c) = &entry.checksums {

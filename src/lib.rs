@@ -28,6 +28,7 @@ pub mod dataset;
 pub mod deadline;
 pub mod dtype;
 pub mod error;
+pub mod fdpool;
 pub mod feistel;
 pub mod format;
 pub mod fs;

@@ -75,7 +75,11 @@ pub fn run(mut args: MountArgs) -> Result<()> {
             .map_err(|e| Error::io(&abs, e))?;
         args.log_file = Some(abs);
     }
-    let mut dataset = crate::dataset::Dataset::open(&args.dataset_dir)?;
+    if args.max_open_shards == 0 {
+        return Err(Error::invalid("--max-open-shards must be at least 1"));
+    }
+    let mut dataset =
+        crate::dataset::Dataset::open_bounded(&args.dataset_dir, args.max_open_shards)?;
     if args.verify_reads {
         dataset = dataset.with_verified_reads()?;
         info!("--verify-reads: every shard read is checked against the block checksums");

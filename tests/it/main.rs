@@ -8,6 +8,7 @@
 //! - `exhaustive`: whole epochs byte for byte against the shards, determinism across
 //!   threads, cache and read order, random read ranges, and name fuzzing (issue #5);
 //! - `faults`: a concurrent soak, SIGKILLed daemons and shards mutated under a live mount;
+//! - `fds`: bounded open descriptors (`--max-open-shards`) and shards replaced under them;
 //! - `ops`: the mount(8) helper and the systemd units in mount/;
 //! - `prefill`: the page-cache prefill (`--prefill`).
 
@@ -17,6 +18,7 @@ mod common;
 mod corruption;
 mod exhaustive;
 mod faults;
+mod fds;
 mod model;
 mod mounted;
 mod ops;

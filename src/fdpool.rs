@@ -1,0 +1,209 @@
+//! A bounded set of open descriptors for the files of a dataset, each file pinned to its
+//! identity at mount.
+//!
+//! A dataset with more files than `--max-open-shards` does not keep them all open: each file
+//! is a [`PinnedFile`] whose descriptor lives in a node-wide LRU ([`FdPool`]). A read of a file
+//! whose descriptor was closed reopens it (`O_NOFOLLOW`) and checks that it is still the file
+//! validated at mount: same device, inode, size and modification time. A file deleted since
+//! fails with its open error (`ENOENT`, served as `EIO`); one replaced (renamed over, rewritten
+//! with another size or mtime) fails with `ESTALE`. Either way no byte of another file is ever
+//! served. A dataset that fits the bound keeps every descriptor open for the life of the mount,
+//! with no lock on the read path (`dataset.rs` decides).
+
+use std::fs::{File, Metadata};
+use std::io;
+use std::num::NonZeroUsize;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use lru::LruCache;
+
+use crate::dataset::ReadAt;
+
+/// Open descriptors kept by default (`--max-open-shards`): shards, checksum and document files
+/// all count.
+pub const DEFAULT_MAX_OPEN: usize = 4096;
+
+/// What pins a file: it must still be this file when reopened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Identity {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: u64,
+}
+
+impl Identity {
+    /// The identity of an open file.
+    pub fn of(meta: &Metadata) -> Identity {
+        Identity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+            mtime_ns: crate::dataset::mtime_ns(meta),
+        }
+    }
+}
+
+/// The open descriptors, least recently used closed first.
+pub struct FdPool {
+    open: Mutex<LruCache<usize, Arc<File>>>,
+    next_id: AtomicUsize,
+    reopened: AtomicU64,
+}
+
+impl std::fmt::Debug for FdPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FdPool")
+            .field("open", &self.lock().len())
+            .finish()
+    }
+}
+
+impl FdPool {
+    /// A pool of at most `max_open` descriptors (at least 1).
+    pub fn new(max_open: usize) -> Arc<FdPool> {
+        Arc::new(FdPool {
+            open: Mutex::new(LruCache::new(
+                NonZeroUsize::new(max_open.max(1)).expect("at least 1"),
+            )),
+            next_id: AtomicUsize::new(0),
+            reopened: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<usize, Arc<File>>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Descriptors open now.
+    pub fn open_count(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Files reopened so far (their descriptor had been closed to stay within the bound).
+    pub fn reopened(&self) -> u64 {
+        self.reopened.load(Ordering::Relaxed)
+    }
+}
+
+/// A dataset file read through an [`FdPool`].
+#[derive(Debug)]
+pub struct PinnedFile {
+    pool: Arc<FdPool>,
+    id: usize,
+    path: PathBuf,
+    identity: Identity,
+}
+
+impl PinnedFile {
+    /// Pins `file` (just opened and validated at `path`) and hands its descriptor to `pool`.
+    pub fn new(pool: &Arc<FdPool>, path: PathBuf, file: File, meta: &Metadata) -> PinnedFile {
+        let id = pool.next_id.fetch_add(1, Ordering::Relaxed);
+        pool.lock().put(id, Arc::new(file));
+        PinnedFile {
+            pool: pool.clone(),
+            id,
+            path,
+            identity: Identity::of(meta),
+        }
+    }
+
+    fn file(&self) -> io::Result<Arc<File>> {
+        if let Some(f) = self.pool.lock().get(&self.id) {
+            return Ok(f.clone());
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&self.path)?;
+        let meta = file.metadata()?;
+        if !meta.is_file() || Identity::of(&meta) != self.identity {
+            log::error!(
+                "{} is no longer the file validated at mount (device, inode, size or mtime \
+                 changed): answering ESTALE; remount to serve the new dataset",
+                self.path.display()
+            );
+            return Err(io::Error::from_raw_os_error(libc::ESTALE));
+        }
+        let file = Arc::new(file);
+        self.pool.reopened.fetch_add(1, Ordering::Relaxed);
+        self.pool.lock().put(self.id, file.clone());
+        Ok(file)
+    }
+}
+
+impl ReadAt for PinnedFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        FileExt::read_at(&*self.file()?, buf, offset)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn write(path: &std::path::Path, bytes: &[u8]) {
+        std::fs::File::create(path)
+            .unwrap()
+            .write_all(bytes)
+            .unwrap();
+    }
+
+    fn pinned(pool: &Arc<FdPool>, path: &std::path::Path) -> PinnedFile {
+        let f = File::open(path).unwrap();
+        let meta = f.metadata().unwrap();
+        PinnedFile::new(pool, path.to_path_buf(), f, &meta)
+    }
+
+    #[test]
+    fn descriptors_stay_within_the_bound_and_reopen_the_same_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = FdPool::new(2);
+        let files: Vec<PinnedFile> = (0..5u8)
+            .map(|i| {
+                let p = dir.path().join(format!("f{i}"));
+                write(&p, &[i; 10]);
+                pinned(&pool, &p)
+            })
+            .collect();
+        assert_eq!(pool.open_count(), 2);
+        for _ in 0..3 {
+            for (i, f) in files.iter().enumerate() {
+                let mut buf = [0u8; 4];
+                assert_eq!(f.read_at(&mut buf, 3).unwrap(), 4);
+                assert_eq!(buf, [i as u8; 4]);
+                assert!(pool.open_count() <= 2);
+            }
+        }
+        assert!(pool.reopened() >= 10);
+    }
+
+    #[test]
+    fn a_replaced_or_deleted_file_is_an_error_never_its_new_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = FdPool::new(1);
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        write(&a, b"old bytes!");
+        write(&b, b"other file");
+        let fa = pinned(&pool, &a);
+        let fb = pinned(&pool, &b); // closes a's descriptor
+        // Replaced by another file of the same size (a new inode).
+        let tmp = dir.path().join("t");
+        write(&tmp, b"NEW BYTES!");
+        std::fs::rename(&tmp, &a).unwrap();
+        let mut buf = [0u8; 10];
+        let err = fa.read_at(&mut buf, 0).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ESTALE));
+        // Deleted while its descriptor is closed (a third file takes the only slot).
+        std::fs::remove_file(&b).unwrap();
+        let c = dir.path().join("c");
+        write(&c, b"third file");
+        let _fc = pinned(&pool, &c);
+        let err = fb.read_at(&mut buf, 0).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+    }
+}
