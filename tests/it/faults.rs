@@ -946,8 +946,18 @@ fn mutation_under_live_mount(mutation: Mutation) {
         let row_range = |o: u64| o * stride * 4..(o * stride + cfg.window) * 4;
         let overlaps =
             |r: &std::ops::Range<u64>, s: &std::ops::Range<u64>| r.start < s.end && s.start < r.end;
+        // In-place overwrites are only caught by block checksums: mount with --verify-reads.
+        let open = || {
+            let dataset = shufflefs::dataset::Dataset::open(&data.path()).unwrap();
+            let dataset = if matches!(mutation, Mutation::OverwriteInPlace) {
+                dataset.with_verified_reads().unwrap()
+            } else {
+                dataset
+            };
+            ShuffleFs::new(View::new(dataset, &cfg).unwrap()).unwrap()
+        };
         let fs_model = if cached {
-            data.fs(&cfg).with_cache(
+            open().with_cache(
                 // Room for 8 step files: some reads hit old bytes, most go to the shards.
                 8 * expected.npy[0].len() as u64,
                 PrefetchConfig {
@@ -957,7 +967,7 @@ fn mutation_under_live_mount(mutation: Mutation) {
                 },
             )
         } else {
-            data.fs(&cfg)
+            open()
         };
         let m = TestMount::new(fs_model);
         let root = m.path().to_path_buf();
@@ -1269,12 +1279,10 @@ fn truncated_metadata_file_under_live_mount() {
 }
 
 /// A range of a shard overwritten in place with different bytes of the same size: the
-/// daemon's open descriptor sees the new bytes, and nothing checks them today (pack records a
-/// content hash per shard, but reads are not verified), so the affected steps serve the new
-/// bytes. The planned `--verify-reads` mount flag (block checksums checked on read) will turn
-/// these reads into EIO; until then this test documents the gap and is ignored.
+/// daemon's open descriptor sees the new bytes; with `--verify-reads` every block is checked
+/// against its checksum before it is served, so the affected reads are EIO (or old bytes from
+/// the step cache), never the new bytes.
 #[test]
-#[ignore = "needs --verify-reads (issue #5)"]
 fn shard_overwritten_in_place_under_live_mount() {
     mutation_under_live_mount(Mutation::OverwriteInPlace);
 }
@@ -1285,7 +1293,6 @@ fn shard_overwritten_in_place_under_live_mount() {
 /// tail of another: torn, invalid JSON. The soak found it (64 readers, 5 of ~4,000 reads of
 /// `stats.json` in 10 s with `fs::read`). Expected: an open file is one snapshot.
 #[test]
-#[ignore = "bug: stats.json read in more than one READ mixes two renderings (torn JSON)"]
 fn stats_json_read_in_pieces_is_one_snapshot() {
     if !fuse_available() {
         return;
