@@ -296,6 +296,10 @@ pub struct BenchArgs {
     /// Which file of each step to read.
     #[arg(long, value_enum, default_value_t = BenchFile::Npy)]
     pub file: BenchFile,
+    /// Pause this many microseconds after each file (a trainer computing on the batch); the
+    /// output then reports read latency percentiles.
+    #[arg(long, default_value_t = 0)]
+    pub pace_us: u64,
 }
 
 /// Which step file `shufflefs bench` reads.
