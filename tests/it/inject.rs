@@ -1022,3 +1022,117 @@ fn stat_that_reads_document_files_has_a_deadline() {
         "info.json is served while three stats are stalled: {served:?}"
     );
 }
+
+/// Every shard-reading thread stalled: the two FUSE threads that may read shards and all 64
+/// threads of the deadline pool. Further reads wait in the pool's queue and still fail with EIO
+/// within deadline + 1 s; `stat`, `ls` and `info.json` are still served; after the release the
+/// queued reads' late answers are discarded and every read is exact.
+#[test]
+fn a_saturated_pool_still_answers_within_the_deadline() {
+    if !fuse_available() {
+        return;
+    }
+    let _serial = lock(&SERIAL);
+    /// FUSE threads that read shards (threads - 1) plus the pool's cap (fuse.rs).
+    const ALL_SHARD_THREADS: u64 = 2 + 64;
+    let data = Positional::new(120_000, 4000);
+    let cfg = config(33, 32, 4, 2, 9, 2);
+    let reference = data.fs(&cfg);
+    let faults = Arc::new(Faults::new(9));
+    let dataset = Dataset::open(&data.path())
+        .unwrap()
+        .wrap_sources(|_, inner| {
+            Arc::new(Faulty {
+                inner,
+                faults: faults.clone(),
+            })
+        });
+    let fs = ShuffleFs::new(View::new(dataset, &cfg).unwrap()).unwrap();
+    let m = TestMount::with_options(
+        fs,
+        &MountOptions {
+            threads: 3,
+            read_timeout: Some(DEADLINE),
+            ..MountOptions::default()
+        },
+    );
+    let mountpoint = m.path().to_path_buf();
+    let release = ReleaseOnDrop(faults.clone());
+    let targets = targets(&m, &reference, &cfg);
+    let (started_tx, started_rx) = mpsc::channel();
+    faults.set_mode(
+        Mode::StallNext {
+            n: ALL_SHARD_THREADS,
+            prefetch: false,
+        },
+        0,
+        Some(started_tx),
+    );
+    let (done_tx, done_rx) = mpsc::channel();
+    let spawn_reader = |t: usize| {
+        let (path, done_tx) = (targets[t].path.clone(), done_tx.clone());
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            let result = fs::read(&path);
+            let _ = done_tx.send((t, result, start.elapsed()));
+        });
+    };
+    for k in 0..ALL_SHARD_THREADS as usize {
+        spawn_reader(k);
+        started_rx
+            .recv_timeout(PHASE_CAP)
+            .unwrap_or_else(|_| panic!("read {k} reached the shards and stalled"));
+    }
+    assert_eq!(faults.stalled_now(), ALL_SHARD_THREADS);
+    // No thread is left to read shards: these wait in the queue.
+    let queued = 100..105;
+    for k in queued.clone() {
+        spawn_reader(k);
+    }
+    assert_eq!(
+        fs::read(m.path().join("info.json")).unwrap(),
+        reference.view().info_json()
+    );
+    assert_eq!(
+        fs::read_dir(m.path().join("epoch/1/rank/1/step"))
+            .unwrap()
+            .count() as u64,
+        2 * reference.view().plan().steps_per_epoch()
+    );
+    assert!(fs::metadata(m.step(1, 1, 3, "json")).is_ok());
+    let mut failed = 0;
+    for _ in 0..ALL_SHARD_THREADS as usize + queued.len() {
+        let (t, result, took) = done_rx.recv_timeout(PHASE_CAP).expect("every read returns");
+        let e = result.expect_err("no shard read could complete");
+        assert_eq!(
+            e.raw_os_error(),
+            Some(libc::EIO),
+            "{}: {e}",
+            targets[t].name
+        );
+        assert!(
+            took <= ERROR_BOUND,
+            "{}: EIO after {took:?}",
+            targets[t].name
+        );
+        failed += 1;
+    }
+    assert_eq!(
+        faults.stalled_now(),
+        ALL_SHARD_THREADS,
+        "all answered by the deadline while every shard read was stalled"
+    );
+    drop(release);
+    let clean = clean_pass(&targets);
+    assert!(clean.problems.is_empty(), "{:#?}", clean.problems);
+    assert_eq!(clean.ok, targets.len() as u64);
+    eprintln!(
+        "inject [saturated pool]: {} stalls, {failed} reads failed with EIO within {ERROR_BOUND:?}, \
+         then {}/{} exact",
+        faults.count(STALL),
+        clean.ok,
+        targets.len()
+    );
+    m.unmount();
+    assert!(!in_mount_table(&mountpoint));
+}

@@ -459,6 +459,10 @@ fn read_timeout_values() {
             "expected a number of seconds",
         );
     }
+    // As a separate argument, "-1" looks like a flag to the argument parser (exit 2).
+    let o = t.mount(&["--read-timeout", "-1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(mount_entries(t.mnt.path()), 0);
     let reference = t.data.fs(&config(10, 10, 2, 2, 0, 1));
     let want = reference
         .view()
