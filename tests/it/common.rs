@@ -144,12 +144,17 @@ impl TestMount {
     }
 
     pub fn with_threads(fs: ShuffleFs, threads: usize) -> TestMount {
-        let dir = tempfile::tempdir().unwrap();
         let options = MountOptions {
             threads,
             ..MountOptions::default()
         };
-        let mounted = mount(fs, dir.path(), &options).unwrap();
+        TestMount::with_options(fs, &options)
+    }
+
+    /// A mount with any options (read deadline, threads, owner...).
+    pub fn with_options(fs: ShuffleFs, options: &MountOptions) -> TestMount {
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = mount(fs, dir.path(), options).unwrap();
         TestMount {
             mounted: Some(mounted),
             dir,

@@ -9,7 +9,11 @@
 //!   threads, cache and read order, random read ranges, and name fuzzing (issue #5);
 //! - `faults`: a concurrent soak, SIGKILLed daemons and shards mutated under a live mount;
 //! - `fds`: bounded open descriptors (`--max-open-shards`) and shards replaced under them;
+//! - `inject`: faults injected behind the read path (EIO, short reads, stalls) with a read
+//!   deadline: errors within deadline + 1 s, never wrong bytes, the mount responsive;
 //! - `ops`: the mount(8) helper and the systemd units in mount/;
+//! - `options`: mount flags through the binary (fingerprint guard, ownership and modes,
+//!   --on-top, --read-timeout, --prefetch-workers);
 //! - `prefill`: the page-cache prefill (`--prefill`).
 
 mod checksums;
@@ -19,9 +23,11 @@ mod corruption;
 mod exhaustive;
 mod faults;
 mod fds;
+mod inject;
 mod model;
 mod mounted;
 mod ops;
+mod options;
 mod prefill;
 mod records;
 mod scale;
