@@ -239,14 +239,18 @@ pub struct PlanArgs {
     #[command(flatten)]
     pub plan: PlanOptions,
     /// Epoch of the step to print.
-    #[arg(long)]
-    pub epoch: u64,
+    #[arg(long, required_unless_present = "info")]
+    pub epoch: Option<u64>,
     /// Rank of the step to print.
-    #[arg(long)]
-    pub rank: u64,
+    #[arg(long, required_unless_present = "info")]
+    pub rank: Option<u64>,
     /// Step to print.
-    #[arg(long)]
-    pub step: u64,
+    #[arg(long, required_unless_present = "info")]
+    pub step: Option<u64>,
+    /// Print the mount's info.json instead (its fingerprint is what --expect-fingerprint
+    /// checks).
+    #[arg(long, conflicts_with_all = ["epoch", "rank", "step"])]
+    pub info: bool,
 }
 
 /// `shufflefs synth`.

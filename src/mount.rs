@@ -192,8 +192,29 @@ impl Mounted {
         self.shutdown()
     }
 
+    /// Whether our mount is in the table under another mount at the same path (`--on-top`).
+    fn is_covered(&self) -> bool {
+        let Some(id) = self.mount_id else {
+            return false;
+        };
+        let stack = mount_stack(&self.mountpoint).unwrap_or_default();
+        stack.iter().any(|m| m.id == id) && stack.last().is_some_and(|m| m.id != id)
+    }
+
     fn shutdown(&mut self) -> Result<()> {
         let mut result = Ok(());
+        // A mount covered by a newer one cannot be unmounted without taking that one down
+        // (it sits on our root): keep serving until it is gone, then unmount.
+        if self.is_covered() {
+            warn!(
+                "{} is covered by a newer mount (--on-top): this mount stays until that one is \
+                 unmounted, then unmounts",
+                self.mountpoint.display()
+            );
+            while self.is_covered() && !self.is_finished() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         let ended = self.thread.as_ref().is_none_or(|t| t.is_finished());
         let ours = |m: &MountEntry| match self.mount_id {
             Some(id) => id == m.id,
@@ -371,18 +392,23 @@ pub fn absolute_mountpoint(path: &Path) -> Result<PathBuf> {
 
 /// The top mount at `mountpoint` (absolute) in /proc/self/mountinfo, if any.
 pub fn find_mount(mountpoint: &Path) -> Result<Option<MountEntry>> {
+    // The last match is the top of a stack of mounts.
+    Ok(mount_stack(mountpoint)?.pop())
+}
+
+/// Every mount at `mountpoint` (absolute), bottom first.
+pub fn mount_stack(mountpoint: &Path) -> Result<Vec<MountEntry>> {
     let table = fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| Error::io("/proc/self/mountinfo", e))?;
     let target = mountpoint.as_os_str().as_encoded_bytes();
-    let mut found = None;
+    let mut found = Vec::new();
     for line in table.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         let Some(dash) = fields.iter().position(|f| *f == "-") else {
             continue;
         };
         if fields.len() > dash + 2 && fields.len() > 4 && unescape(fields[4]) == target {
-            // The last match is the top of a stack of mounts.
-            found = Some(MountEntry {
+            found.push(MountEntry {
                 id: fields[0].parse().unwrap_or(0),
                 fstype: fields[dash + 1].to_string(),
                 source: String::from_utf8_lossy(&unescape(fields[dash + 2])).into_owned(),
@@ -527,7 +553,7 @@ pub fn prepare_mountpoint(mountpoint: &Path, on_top: bool) -> Result<PathBuf> {
             abs.display()
         )));
     }
-    if fs::read_dir(&abs).is_ok_and(|mut d| d.next().is_some()) {
+    if !on_top && fs::read_dir(&abs).is_ok_and(|mut d| d.next().is_some()) {
         warn!(
             "{} is not empty: its contents are hidden while shufflefs is mounted there",
             abs.display()

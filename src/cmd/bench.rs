@@ -64,9 +64,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     for i in (t..args.files).step_by(readers as usize) {
                         let began = Instant::now();
                         total += match (mountpoint, args.file) {
-                            (None, BenchFile::Npy) => {
-                                view.read_step_npy(key(i), 0, buf)? as u64
-                            }
+                            (None, BenchFile::Npy) => view.read_step_npy(key(i), 0, buf)? as u64,
                             (None, BenchFile::Json) => {
                                 json.clear();
                                 view.write_step_json(key(i), &mut json)?;

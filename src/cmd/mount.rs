@@ -111,9 +111,10 @@ pub fn run(mut args: MountArgs) -> Result<()> {
     {
         return Err(Error::invalid(format!(
             "--expect-fingerprint {expected} does not match this mount's fingerprint {}: the \
-             dataset, the plan options (seed, window, stride, batch size, ranks, epochs, mode, \
-             pad id) or the shufflefs version differ from the run being resumed; compare \
-             `shufflefs plan --info` outputs, or drop the flag to start a new order",
+             dataset (its content or checksums), the plan options (seed, window, stride, batch \
+             size, ranks, epochs, mode, pad id) or the format or algorithm version differ from \
+             the run being resumed; compare `shufflefs plan DATASET_DIR ... --info` outputs, or \
+             drop the flag to start a new order",
             info.fingerprint
         )));
     }

@@ -1,5 +1,6 @@
 //! `shufflefs plan DATASET_DIR --window .. --batch-size .. --epoch E --rank R --step S`:
-//! the step's S.json, byte for byte what the mount serves, without mounting.
+//! the step's S.json, byte for byte what the mount serves, without mounting; with `--info`,
+//! the mount's info.json.
 
 use std::io::Write;
 
@@ -11,12 +12,17 @@ use crate::view::{View, ViewConfig};
 /// Runs `plan`.
 pub fn run(args: PlanArgs) -> Result<()> {
     let view = View::open(&args.dataset_dir, &ViewConfig::from(&args.plan))?;
+    if args.info {
+        let _ = std::io::stdout().write_all(view.info_json());
+        return Ok(());
+    }
     let plan = view.plan();
-    let key = StepKey {
-        epoch: args.epoch,
-        rank: args.rank,
-        step: args.step,
+    let (Some(epoch), Some(rank), Some(step)) = (args.epoch, args.rank, args.step) else {
+        return Err(Error::invalid(
+            "--epoch, --rank and --step are needed without --info",
+        ));
     };
+    let key = StepKey { epoch, rank, step };
     if !plan.contains(key) {
         return Err(Error::invalid(format!(
             "no such step: epoch {} rank {} step {} (this plan has epochs 0..{}, ranks 0..{}, \
