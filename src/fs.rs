@@ -537,6 +537,28 @@ impl ShuffleFs {
         self.attr(self.node(ino)?)
     }
 
+    /// The node named `name` in directory `parent`, without its attributes.
+    pub fn lookup_node(&self, parent: u64, name: &OsStr) -> Result<Node> {
+        self.child(self.node(parent)?, name.as_bytes())
+    }
+
+    /// The attributes of `node`.
+    pub fn node_attr(&self, node: Node) -> Result<Attr> {
+        self.attr(node)
+    }
+
+    /// Whether computing `node`'s attributes may read shard or document files (the size of a
+    /// JSON file, or of an observation in documents mode, not cached yet).
+    pub fn attr_needs_shards(&self, node: Node) -> bool {
+        match node {
+            Node::StepJson(_) | Node::ObservationJson(_) | Node::LookupJson(..) => {
+                self.view.dataset().has_documents() && !self.json_is_cached(node)
+            }
+            Node::ObservationNpy(_) => self.view.dataset().has_documents(),
+            _ => false,
+        }
+    }
+
     fn attr(&self, node: Node) -> Result<Attr> {
         let (kind, size) = match node.kind() {
             Kind::Directory => (Kind::Directory, 0),

@@ -333,31 +333,63 @@ impl FuseAdapter {
         }
     }
 
-    fn ttl(a: &Attr) -> Duration {
-        if a.volatile { Duration::ZERO } else { TTL }
+    /// Turns core attributes into the reply's TTL and `FileAttr`, detached from `self` (so a
+    /// pool thread can use it).
+    fn attr_fn(&self) -> impl Fn(&Attr) -> (Duration, FileAttr) + Send + 'static {
+        let (owner, mtime) = (self.owner, self.mtime);
+        move |a: &Attr| (Self::ttl(a), file_attr(owner, mtime, a))
     }
 
-    fn file_attr(&self, a: &Attr) -> FileAttr {
-        FileAttr {
-            ino: INodeNo(a.ino),
-            size: a.size,
-            blocks: a.size.div_ceil(512),
-            atime: self.mtime,
-            mtime: self.mtime,
-            ctime: self.mtime,
-            crtime: self.mtime,
-            kind: file_type(a.kind),
-            perm: match a.kind {
-                Kind::File => self.owner.file_mode & 0o7555,
-                Kind::Directory => self.owner.dir_mode & 0o7777,
+    /// Computes `node`'s attributes and has `answer` send them: on this thread when they need
+    /// no shard, or when there is no deadline; otherwise under the read deadline like a READ
+    /// (`EIO` once it passes), so a stalled document file cannot hang `stat` or a FUSE thread.
+    fn with_deadline<R: Answer>(
+        &self,
+        op: &'static str,
+        node: Node,
+        reply: R,
+        answer: impl FnOnce(&ShuffleFs, R, crate::error::Result<Attr>) + Send + 'static,
+    ) {
+        let Some(pool) = self
+            .pool
+            .as_ref()
+            .filter(|_| self.fs.attr_needs_shards(node))
+        else {
+            return answer(&self.fs, reply, self.fs.node_attr(node));
+        };
+        let slot = Arc::new(Mutex::new(Some(reply)));
+        let timeout = pool.timeout();
+        let on_timeout = {
+            let slot = slot.clone();
+            move || {
+                let reply = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(reply) = reply {
+                    log::error!(
+                        "{op} of {node:?} did not finish within the {timeout:?} read deadline \
+                         (--read-timeout): answered EIO"
+                    );
+                    reply.fail(Errno::from_i32(libc::EIO));
+                }
+            }
+        };
+        let fs = self.fs.clone();
+        pool.submit(
+            move || {
+                guarded(op, 0, || {
+                    let attr = fs.node_attr(node);
+                    // Taken only now: if the deadline passed meanwhile, EIO was sent.
+                    let reply = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    if let Some(reply) = reply {
+                        answer(&fs, reply, attr);
+                    }
+                })
             },
-            nlink: a.nlink,
-            uid: self.owner.uid,
-            gid: self.owner.gid,
-            rdev: 0,
-            blksize: 4096,
-            flags: 0,
-        }
+            on_timeout,
+        );
+    }
+
+    fn ttl(a: &Attr) -> Duration {
+        if a.volatile { Duration::ZERO } else { TTL }
     }
 }
 
@@ -392,6 +424,47 @@ fn answer_read(
             );
             reply.error(Errno::from_i32(e.errno()))
         }
+    }
+}
+
+/// The attributes FUSE replies with.
+fn file_attr(owner: Ownership, mtime: SystemTime, a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: mtime,
+        mtime,
+        ctime: mtime,
+        crtime: mtime,
+        kind: file_type(a.kind),
+        perm: match a.kind {
+            Kind::File => owner.file_mode & 0o7555,
+            Kind::Directory => owner.dir_mode & 0o7777,
+        },
+        nlink: a.nlink,
+        uid: owner.uid,
+        gid: owner.gid,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+/// A reply that can answer with an error (what the deadline's timeout action sends).
+trait Answer: Send + 'static {
+    fn fail(self, errno: Errno);
+}
+
+impl Answer for ReplyEntry {
+    fn fail(self, errno: Errno) {
+        self.error(errno)
+    }
+}
+
+impl Answer for ReplyAttr {
+    fn fail(self, errno: Errno) {
+        self.error(errno)
     }
 }
 
@@ -443,20 +516,48 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         guarded("lookup", parent.0, || {
-            match self.fs.lookup(parent.0, name) {
-                Ok(a) => reply.entry(&Self::ttl(&a), &self.file_attr(&a), Generation(0)),
+            let node = match self.fs.lookup_node(parent.0, name) {
+                Ok(node) => node,
                 Err(e) => {
                     debug!("lookup parent={} name={name:?}", parent.0);
-                    reply.error(fail("lookup", parent.0, &e))
+                    return reply.error(fail("lookup", parent.0, &e));
                 }
-            }
+            };
+            let attr_of = self.attr_fn();
+            self.with_deadline(
+                "lookup",
+                node,
+                reply,
+                move |fs, reply: ReplyEntry, attr| match attr {
+                    Ok(a) => {
+                        let (ttl, attr) = attr_of(&a);
+                        reply.entry(&ttl, &attr, Generation(0))
+                    }
+                    Err(e) => reply.error(fail("lookup", fs.ino(node), &e)),
+                },
+            );
         });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        guarded("getattr", ino.0, || match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&Self::ttl(&a), &self.file_attr(&a)),
-            Err(e) => reply.error(fail("getattr", ino.0, &e)),
+        guarded("getattr", ino.0, || {
+            let node = match self.fs.node(ino.0) {
+                Ok(node) => node,
+                Err(e) => return reply.error(fail("getattr", ino.0, &e)),
+            };
+            let attr_of = self.attr_fn();
+            self.with_deadline(
+                "getattr",
+                node,
+                reply,
+                move |fs, reply: ReplyAttr, attr| match attr {
+                    Ok(a) => {
+                        let (ttl, attr) = attr_of(&a);
+                        reply.attr(&ttl, &attr)
+                    }
+                    Err(e) => reply.error(fail("getattr", fs.ino(node), &e)),
+                },
+            );
         });
     }
 

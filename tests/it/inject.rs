@@ -950,9 +950,6 @@ impl Drop for ReleaseOnDrop {
 /// metadata spans, so `stat` reads the document files. Those reads stall like any other: `stat`
 /// must then fail with EIO within deadline + 1 s, and the mount must keep serving others.
 #[test]
-#[ignore = "bug: LOOKUP/GETATTR of a JSON file in a dataset with documents reads the document \
-            files on the FUSE thread with no deadline: stalled, `stat` hangs for as long as the \
-            stall, and three of them block every FUSE thread (info.json hangs too)"]
 fn stat_that_reads_document_files_has_a_deadline() {
     if !fuse_available() {
         return;
