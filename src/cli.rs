@@ -132,7 +132,8 @@ pub struct MountArgs {
     /// FUSE worker threads [default: number of cores + 1; one of them never reads shards].
     #[arg(long, help_heading = MOUNT_HEADING)]
     pub threads: Option<usize>,
-    /// Let other users read the mount (allow_other with default_permissions).
+    /// Let other users read the mount (allow_other; the kernel checks the mode bits, as on
+    /// every shufflefs mount).
     #[arg(long, help_heading = MOUNT_HEADING)]
     pub allow_other: bool,
     /// Log to this file once the daemon is in the background [default: syslog].

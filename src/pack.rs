@@ -365,9 +365,16 @@ pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Man
             // The new manifest is in place: files only the old one referenced are garbage.
             if let Some(old) = old {
                 let keep: Vec<&str> = new.shards.iter().flat_map(shard_files).collect();
-                // Files referenced in place belong to the user: never delete them.
-                let owned = old.shards.iter().filter(|s| s.in_place_mtime_ns.is_none());
-                for f in owned.flat_map(shard_files) {
+                // Files referenced in place belong to the user: never delete them (their
+                // checksum files, in the dataset directory, are ours).
+                let owned = old.shards.iter().flat_map(|s| {
+                    let mut files = shard_files(s);
+                    if s.in_place_mtime_ns.is_some() {
+                        files.retain(|f| Some(*f) != Some(s.path.as_str()));
+                    }
+                    files
+                });
+                for f in owned {
                     if !keep.contains(&f) {
                         let _ = fs::remove_file(dir.join(f));
                     }

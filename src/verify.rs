@@ -116,7 +116,9 @@ pub fn verify(
                         .problems
                         .push(report_problem(file.path(), e.to_string())),
                     Ok(()) => {
-                        if format::format_hash(checksum::file_hash(&recorded)) != c.hash {
+                        let sums_intact =
+                            format::format_hash(checksum::file_hash(&recorded)) == c.hash;
+                        if !sums_intact {
                             report.problems.push(report_problem(
                                 file.path(),
                                 format!(
@@ -137,7 +139,9 @@ pub fn verify(
                             .map(|(k, _)| k as u64)
                             .collect();
                         report.blocks_checked += sums.len() as u64;
-                        if !bad.is_empty() {
+                        // With a damaged checksum file, the blocks prove nothing about the
+                        // shard (its content hash, checked above, does).
+                        if sums_intact && !bad.is_empty() {
                             let shown: Vec<String> = bad
                                 .iter()
                                 .take(8)

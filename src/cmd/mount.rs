@@ -125,7 +125,7 @@ pub fn run(mut args: MountArgs) -> Result<()> {
         file_mode: parse_mode("--file-mode", &args.file_mode)?,
         dir_mode: parse_mode("--dir-mode", &args.dir_mode)?,
     };
-    if args.prefetch_depth > 0 && args.prefetch_workers == 0 {
+    if cache_size > 0 && args.prefetch_depth > 0 && args.prefetch_workers == 0 {
         return Err(Error::invalid(
             "--prefetch-workers 0 would queue prefetches that never run: use --prefetch-depth 0 \
              to turn prefetch off",

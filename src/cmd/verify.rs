@@ -52,9 +52,14 @@ pub fn run(args: VerifyArgs) -> Result<()> {
         Ok(())
     } else {
         Err(Error::invalid(format!(
-            "{} failed verification ({} problem(s) above); nothing was written",
+            "{} failed verification ({} problem(s) above){}",
             args.dataset_dir.display(),
-            report.problems.len()
+            report.problems.len(),
+            if args.write_checksums {
+                "; no checksum file was written"
+            } else {
+                ""
+            }
         )))
     }
 }
