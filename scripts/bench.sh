@@ -34,7 +34,10 @@ cargo build --release --quiet
 bin=$PWD/target/release/shufflefs
 work=$PWD/target/bench/t$tokens
 # Two ranks: with 2 readers each reads its own rank's steps in order, as two trainers would.
-plan=(--window 2048 --batch-size 32 --ranks 2 --epochs 64 --seed 7)
+plan=(--window 2048 --batch-size 32 --ranks 2 --epochs 256 --seed 7)
+# Every run reads step files no earlier run read (--skip), as a trainer does: a re-read would
+# find them in the cache, or be skipped by the prefetcher as recently read.
+next=0
 # A dataset left by an older build (other format version) is rebuilt.
 { [ -f "$work/tokens.bin" ] && "$bin" inspect "$work/dataset" >/dev/null 2>&1; } || rm -rf "$work"
 if [ ! -f "$work/dataset/manifest.json" ]; then
@@ -49,8 +52,9 @@ mnt=$(mktemp -d)
 pmnt=$(mktemp -d)
 smnt=$(mktemp -d)
 fmnt=$(mktemp -d)
+qmnt=$(mktemp -d)
 cleanup() {
-  for m in "$mnt" "$pmnt" "$smnt" "$fmnt"; do
+  for m in "$mnt" "$pmnt" "$smnt" "$fmnt" "$qmnt"; do
     "$bin" unmount "$m" >/dev/null 2>&1 || "$bin" unmount --lazy "$m" >/dev/null 2>&1
     rmdir "$m"
   done
@@ -63,6 +67,8 @@ trap cleanup EXIT
 # The plain read path without the read deadline: every read on the FUSE thread that got it.
 "$bin" -q mount "$work/dataset" "$fmnt" "${plan[@]}" --cache-size 0 --read-timeout 0 \
   --threads 2 >/dev/null
+# Prefill: prefetched step files pushed into the kernel page cache.
+"$bin" -q mount "$work/dataset" "$qmnt" "${plan[@]}" --prefill >/dev/null
 # FUSE's own ceiling: every step read answered from one in-memory file.
 "$bin" -q mount "$work/dataset" "$smnt" "${plan[@]}" --threads 2 --cache-size 0 --stub-reads \
   >/dev/null 2>&1
@@ -70,7 +76,8 @@ trap cleanup EXIT
 results=$(mktemp)
 for rep in $(seq "$reps"); do
   for row in "direct 1 -" "direct 2 -" "mount 1 $smnt" "mount 2 $smnt" "mount 1 $mnt" \
-    "mount 2 $mnt" "mount 1 $fmnt" "mount 2 $fmnt" "mount 1 $pmnt" "mount 2 $pmnt"; do
+    "mount 2 $mnt" "mount 1 $fmnt" "mount 2 $fmnt" "mount 1 $pmnt" "mount 2 $pmnt" \
+    "mount 1 $qmnt" "mount 2 $qmnt"; do
     set -- $row
     extra=()
     if [ "$1" = mount ]; then extra=(--mountpoint "$3"); fi
@@ -78,10 +85,32 @@ for rep in $(seq "$reps"); do
     if [ "$3" = "$pmnt" ]; then tag=prefetch; fi
     if [ "$3" = "$smnt" ]; then tag=stub; fi
     if [ "$3" = "$fmnt" ]; then tag=nodeadline; fi
+    if [ "$3" = "$qmnt" ]; then tag=prefill; fi
     "$bin" bench "$work/dataset" "${plan[@]}" --source "$1" --readers "$2" --files "$files" \
-      "${extra[@]}" | sed "s/^{/{\"tag\":\"$tag\",/" >> "$results"
+      --skip "$next" "${extra[@]}" | sed "s/^{/{\"tag\":\"$tag\",/" >> "$results"
+    next=$((next + files))
   done
 done
+# (8) Paced consumers: read a step, 2 ms of "compute", read the next (1 and 2 consumers, one
+# rank each): read latency through the default mount, with --prefill, and direct pread.
+pfiles=$((quick == 1 ? 200 : 1000))
+paced=$(mktemp)
+for rep in $(seq "$reps"); do
+  for row in "direct -" "mount $pmnt" "mount $qmnt"; do
+    set -- $row
+    for readers in 1 2; do
+      extra=()
+      tag=direct
+      if [ "$1" = mount ]; then extra=(--mountpoint "$2"); tag=default; fi
+      if [ "$2" = "$qmnt" ]; then tag=prefill; fi
+      "$bin" bench "$work/dataset" "${plan[@]}" --source "$1" --readers "$readers" \
+        --files "$pfiles" --skip "$next" --pace-us 2000 "${extra[@]}" \
+        | sed "s/^{/{\"tag\":\"$tag\",/" >> "$paced"
+      next=$((next + pfiles))
+    done
+  done
+done
+prefill_stats=$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["prefill"]; print("stored %d, served by the kernel %d, fallback reads %d, evicted before read %d, store failures %d" % (p["stored"], p["served_by_kernel"], p["fallback_reads"], p["evicted_before_read"], p["store_failed"]))' "$qmnt/stats.json")
 prefetch_stats=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); c=d["cache"]; print("hits %d, misses %d, waited %d, claimed %d, wasted %d, paused periods %d, active now %s" % (c["hits"], c["misses"], c["prefetch_waited"], c["prefetch_claimed"], c["prefetch_wasted"], c["prefetch_paused"], d["prefetch_active"]))' "$pmnt/stats.json")
 
 # (4) Python consumers through the mount and (5) the naive numpy loader, one process each.
@@ -90,24 +119,26 @@ if ! python3 -c "import numpy" >/dev/null 2>&1; then
 fi
 pyfiles=$((files / 2))
 for rep in $(seq "$reps"); do
-  python3 - "$pmnt" "$work/tokens.bin" "$pyfiles" >> "$results" <<'PY' || true
+  python3 - "$pmnt" "$work/tokens.bin" "$pyfiles" "$next" >> "$results" <<'PY' || true
 import json, sys, time
 import numpy as np
-mnt, tokens, files = sys.argv[1], sys.argv[2], int(sys.argv[3])
+mnt, tokens, files, skip = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 info = json.load(open(f"{mnt}/info.json"))
 B, W, S = info["batch_size"], info["window"], info["stride"]
 spe = info["steps_per_epoch"]
-paths = [f"{mnt}/epoch/{i // spe}/rank/0/step/{i % spe}.npy" for i in range(files)]
+# Rank 0's steps, the np.load run first, then readinto on the next ones (never re-read).
+steps = range(skip // 2, skip // 2 + 2 * files)
+paths = [f"{mnt}/epoch/{i // spe}/rank/0/step/{i % spe}.npy" for i in steps]
 def emit(tag, secs, n):
     print(json.dumps({"source": "python", "tag": tag, "readers": 1, "files": n,
                       "secs": secs, "tokens_per_s": n * B * W / secs}))
 t = time.perf_counter()
-for p in paths:
+for p in paths[:files]:
     a = np.load(p)
 emit("np.load", time.perf_counter() - t, files)
 buf = bytearray(info["step_file_bytes"])
 t = time.perf_counter()
-for p in paths:
+for p in paths[files:]:
     with open(p, "rb", buffering=0) as f:
         f.readinto(buf)
     a = np.frombuffer(buf, dtype=info["dtype"], offset=info["npy_header_bytes"]).reshape(B, W)
@@ -125,6 +156,7 @@ emit("naive", time.perf_counter() - t, files)
 print(json.dumps({"source": "python", "tag": "naive_startup", "readers": 1, "files": 0,
                   "secs": startup, "tokens_per_s": 0}))
 PY
+  next=$((next + 4 * pyfiles))
 done
 
 python3 - "$results" "$tokens" "$reps" "$files" <<'PY'
@@ -150,6 +182,8 @@ for label, source, readers, tag in [
     ("(3) ... no cache, --read-timeout 0 --threads 2, 2 readers", "mount", 2, "nodeadline"),
     ("(3) mount, cache + prefetch (default), 1 reader", "mount", 1, "prefetch"),
     ("(3) mount, cache + prefetch (default), 2 readers", "mount", 2, "prefetch"),
+    ("(7) mount with --prefill, unpaced, 1 reader", "mount", 1, "prefill"),
+    ("(7) mount with --prefill, unpaced, 2 readers", "mount", 2, "prefill"),
 ]:
     t = med(source, readers, tag)
     print(f"{label:<62} {t/1e6:>11.1f} {t/65536:>9.0f} {t/limit:>6.2f}")
@@ -170,6 +204,26 @@ if py:
 PY
 rm -f "$results"
 echo "    prefetch mount counters after the run: $prefetch_stats"
+echo
+python3 - "$paced" "$pfiles" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(f"(8) paced consumers (2 ms of compute per step, {sys.argv[2]} steps each), read latency, "
+      "median over reps")
+print(f"{'path':<44} {'consumers':>9} {'p50 us':>8} {'p99 us':>8} {'p50 vs default':>15}")
+for readers in (1, 2):
+    base = statistics.median(r["latency_p50_us"] for r in rows
+                             if r["tag"] == "default" and r["readers"] == readers)
+    for label, tag in [("direct pread of the windows (no FUSE)", "direct"),
+                       ("default mount (direct_io + cache + prefetch)", "default"),
+                       ("mount with --prefill", "prefill")]:
+        xs = [r for r in rows if r["tag"] == tag and r["readers"] == readers]
+        p50 = statistics.median(r["latency_p50_us"] for r in xs)
+        p99 = statistics.median(r["latency_p99_us"] for r in xs)
+        print(f"{label:<44} {readers:>9} {p50:>8.0f} {p99:>8.0f} {p50 / base:>15.2f}")
+PY
+rm -f "$paced"
+echo "    prefill mount counters after the run: $prefill_stats"
 
 # --- (6) time to mount + first step, and daemon memory, at 1 GiB and 4 TiB (sparse) ---------
 big=$PWD/target/bench/sparse4t

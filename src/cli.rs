@@ -298,6 +298,10 @@ pub struct BenchArgs {
     /// Step files to read, in (epoch, step, rank) order, split round-robin over readers.
     #[arg(long, default_value_t = 10_000)]
     pub files: u64,
+    /// Start this many step files into that order (so repeated runs read files no earlier run
+    /// read, as a trainer would).
+    #[arg(long, default_value_t = 0)]
+    pub skip: u64,
     /// Which file of each step to read.
     #[arg(long, value_enum, default_value_t = BenchFile::Npy)]
     pub file: BenchFile,

@@ -462,14 +462,6 @@ impl ShuffleFs {
         Box::new(move |key| inodes.ino(Node::StepNpy(key)))
     }
 
-    /// Tells the prefetcher that step file `ino` was read (for reads the kernel served from
-    /// its page cache, which never reach [`ShuffleFs::read_data`]).
-    pub fn hint(&self, ino: u64) {
-        if let (Some(p), Ok(Node::StepNpy(key))) = (&self.prefetcher, self.node(ino)) {
-            p.hint(key);
-        }
-    }
-
     /// The view behind the tree.
     pub fn view(&self) -> &View {
         &self.view

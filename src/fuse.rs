@@ -3,7 +3,7 @@
 //! logged once here, at the level the error chose, with its errno.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -88,6 +88,9 @@ pub struct FuseAdapter {
     opens: Opens,
     /// The page-cache prefill, once the session exists (`mount.rs` sets it with `--prefill`).
     prefill: Arc<OnceLock<Arc<KernelCache>>>,
+    /// `--prefill`: files are opened without a round trip (OPEN answers ENOSYS once, and the
+    /// kernel then opens every file itself, through the page cache).
+    prefill_mode: bool,
 }
 
 /// What an open with a non-zero file handle carries.
@@ -96,9 +99,6 @@ enum OpenState {
     /// `stats.json`: the snapshot rendered at open, so every READ of this open sees one
     /// version (a file read in several READs never mixes two renderings).
     Snapshot(Arc<[u8]>),
-    /// A step file opened from the page cache (`FOPEN_KEEP_CACHE`); `read`: a READ reached
-    /// the daemon anyway (pages evicted before the reader got to them).
-    Stored { read: bool },
 }
 
 #[derive(Debug, Default)]
@@ -118,18 +118,36 @@ impl Opens {
     }
 }
 
-/// The kernel page cache as a [`Prefill`] target: a finished step file is pushed with
-/// `FUSE_NOTIFY_STORE` after the daemon looks the file up through its own mount (the kernel
-/// ignores a store to an inode it does not hold). The daemon's belief of what is stored is
-/// cleared when a reader releases the file (the pages are then dropped: drop-behind) and on
-/// FORGET. A stored page the kernel reclaimed under memory pressure is simply read again: a
-/// READ of the missing range reaches the daemon and is served like any other.
+/// The kernel page cache as a [`Prefill`] target. With `--prefill` the kernel opens files
+/// itself (no OPEN, no RELEASE) and a stored file's read never reaches the daemon, so:
+///
+/// - a finished step file is pushed with `FUSE_NOTIFY_STORE` after the daemon looks the file up
+///   through its own mount (the kernel ignores a store to an inode it does not hold);
+/// - a *trigger* step (the prefetcher picks one every `depth / 2` steps) is stored without its
+///   last page: reading it sends one small READ, the only sign that the reader got there, and
+///   the daemon then prefills further and drops the pages of that rank's earlier steps
+///   (drop-behind, `inval_inode`), counting those that were read without a READ as served by
+///   the kernel;
+/// - pages the kernel reclaimed under memory pressure are read again: a READ of the missing
+///   range reaches the daemon and is served like any other (counted as a fallback);
+/// - FORGET of an inode clears the belief that it is stored.
 pub struct KernelCache {
     notifier: Notifier,
     mountpoint: PathBuf,
     ino_of: Box<dyn Fn(StepKey) -> u64 + Send + Sync>,
-    stored: Mutex<HashSet<u64>>,
+    steps_per_epoch: u64,
+    stored: Mutex<HashMap<u64, Stored>>,
     counters: PrefillCounters,
+}
+
+/// A step file believed to be in the page cache.
+#[derive(Clone, Copy, Debug)]
+struct Stored {
+    key: StepKey,
+    /// Stored without its last page.
+    trigger: bool,
+    /// A READ of it reached the daemon.
+    read: bool,
 }
 
 impl std::fmt::Debug for KernelCache {
@@ -146,10 +164,13 @@ struct PrefillCounters {
     stored: AtomicU64,
     store_failed: AtomicU64,
     served_by_kernel: AtomicU64,
-    evicted_before_read: AtomicU64,
+    trigger_reads: AtomicU64,
     fallback_reads: AtomicU64,
     dropped: AtomicU64,
 }
+
+/// The page size of the page cache (the trigger steps leave their last page out).
+const PAGE: usize = 4096;
 
 impl KernelCache {
     /// Prefill into the page cache of the mount at `mountpoint`, served by `fs`.
@@ -158,23 +179,51 @@ impl KernelCache {
             notifier,
             mountpoint,
             ino_of: fs.step_ino_fn(),
-            stored: Mutex::new(HashSet::new()),
+            steps_per_epoch: fs.view().plan().steps_per_epoch(),
+            stored: Mutex::new(HashMap::new()),
             counters: PrefillCounters::default(),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Stored>> {
         self.stored.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn is_stored_ino(&self, ino: u64) -> bool {
-        self.lock().contains(&ino)
+    fn ordinal(&self, key: StepKey) -> u64 {
+        key.epoch
+            .saturating_mul(self.steps_per_epoch)
+            .saturating_add(key.step)
     }
 
-    /// Drops a consumed file's pages (drop-behind), if stored.
-    fn drop_behind(&self, ino: u64) {
-        if self.lock().remove(&ino) {
-            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+    /// A READ of step file `ino` (step `key`) reached the daemon: the reader is at `key`.
+    /// Counts it, and drops the pages of the same rank's earlier stored steps.
+    fn on_read(&self, ino: u64, key: StepKey) {
+        let c = &self.counters;
+        let here = self.ordinal(key);
+        let mut map = self.lock();
+        if let Some(s) = map.get_mut(&ino) {
+            let counter = if s.trigger && !s.read {
+                &c.trigger_reads
+            } else {
+                &c.fallback_reads
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            s.read = true;
+        }
+        let behind: Vec<(u64, Stored)> = map
+            .iter()
+            .filter(|(_, s)| s.key.rank == key.rank && self.ordinal(s.key) < here)
+            .map(|(ino, s)| (*ino, *s))
+            .collect();
+        for (ino, _) in &behind {
+            map.remove(ino);
+        }
+        drop(map);
+        for (ino, s) in behind {
+            if !s.read {
+                c.served_by_kernel.fetch_add(1, Ordering::Relaxed);
+            }
+            c.dropped.fetch_add(1, Ordering::Relaxed);
             if let Err(e) = self.notifier.inval_inode(INodeNo(ino), 0, 0) {
                 debug!("inval_inode {ino} failed: {e}");
             }
@@ -187,18 +236,29 @@ impl KernelCache {
 }
 
 impl Prefill for KernelCache {
-    fn store(&self, key: StepKey, bytes: &[u8]) -> bool {
+    fn store(&self, key: StepKey, bytes: &[u8], trigger: bool) -> bool {
         let ino = (self.ino_of)(key);
         let path = self.mountpoint.join(format!(
             "epoch/{}/rank/{}/step/{}.npy",
             key.epoch, key.rank, key.step
         ));
+        let trigger = trigger && bytes.len() > PAGE;
+        let len = if trigger {
+            (bytes.len() - 1) / PAGE * PAGE
+        } else {
+            bytes.len()
+        };
         // The lookup makes the kernel hold the inode (a cached dentry costs nothing).
         let result = std::fs::symlink_metadata(&path)
-            .and_then(|_| self.notifier.store(INodeNo(ino), 0, bytes));
+            .and_then(|_| self.notifier.store(INodeNo(ino), 0, &bytes[..len]));
         match result {
             Ok(()) => {
-                self.lock().insert(ino);
+                let stored = Stored {
+                    key,
+                    trigger,
+                    read: false,
+                };
+                self.lock().insert(ino, stored);
                 self.counters.stored.fetch_add(1, Ordering::Relaxed);
                 true
             }
@@ -211,7 +271,7 @@ impl Prefill for KernelCache {
     }
 
     fn is_stored(&self, key: StepKey) -> bool {
-        self.is_stored_ino((self.ino_of)(key))
+        self.lock().contains_key(&(self.ino_of)(key))
     }
 
     fn stats(&self) -> serde_json::Value {
@@ -221,7 +281,7 @@ impl Prefill for KernelCache {
             "stored": get(&c.stored),
             "store_failed": get(&c.store_failed),
             "served_by_kernel": get(&c.served_by_kernel),
-            "evicted_before_read": get(&c.evicted_before_read),
+            "trigger_reads": get(&c.trigger_reads),
             "fallback_reads": get(&c.fallback_reads),
             "dropped": get(&c.dropped),
             "stored_now": self.lock().len(),
@@ -238,6 +298,7 @@ impl FuseAdapter {
         mtime: SystemTime,
         read_timeout: Option<Duration>,
         threads: usize,
+        prefill: bool,
     ) -> FuseAdapter {
         FuseAdapter {
             fs: Arc::new(fs),
@@ -249,6 +310,7 @@ impl FuseAdapter {
             inline_limit: threads.saturating_sub(1),
             opens: Opens::default(),
             prefill: Arc::new(OnceLock::new()),
+            prefill_mode: prefill,
         }
     }
 
@@ -429,6 +491,9 @@ fn answer_read(
 
 /// The attributes FUSE replies with.
 fn file_attr(owner: Ownership, mtime: SystemTime, a: &Attr) -> FileAttr {
+    // A file whose content changes (stats.json) is dated now, so a page-cache reader sees
+    // every new version (`FUSE_AUTO_INVAL_DATA` compares mtimes).
+    let mtime = if a.volatile { SystemTime::now() } else { mtime };
     FileAttr {
         ino: INodeNo(a.ino),
         size: a.size,
@@ -496,7 +561,12 @@ impl DirSink for FuseDirSink {
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Lookups in one directory run in parallel; mmap works on direct_io files.
-        let wanted = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
+        let mut wanted = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
+        if self.prefill_mode {
+            // Files are then read through the page cache, stats.json too: its mtime changes on
+            // every GETATTR, and with AUTO_INVAL_DATA the kernel then drops its old pages.
+            wanted |= InitFlags::FUSE_AUTO_INVAL_DATA;
+        }
         let supported = wanted & config.capabilities();
         if let Err(missing) = config.add_capabilities(supported) {
             debug!("kernel refused capabilities {missing:?}");
@@ -563,6 +633,15 @@ impl Filesystem for FuseAdapter {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         guarded("open", ino.0, || {
+            if self.prefill_mode {
+                // The check (a file, nothing that writes) still runs once; then ENOSYS tells the
+                // kernel to open every file itself from now on (FOPEN_KEEP_CACHE), so a step
+                // file in the page cache is opened and read without the daemon.
+                return match self.fs.open(ino.0, flags.0) {
+                    Ok(_) => reply.error(Errno::from_i32(libc::ENOSYS)),
+                    Err(e) => reply.error(fail("open", ino.0, &e)),
+                };
+            }
             match self.fs.open(ino.0, flags.0) {
                 // noflush: close() costs no round trip. A volatile file is always direct_io, so
                 // the page cache never holds an old version.
@@ -573,16 +652,6 @@ impl Filesystem for FuseAdapter {
                     reply.opened(
                         FileHandle(fh),
                         FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH,
-                    )
-                }
-                // A step file the prefetcher stored in the page cache: read it from there.
-                Ok(Node::StepNpy(_))
-                    if self.prefill.get().is_some_and(|k| k.is_stored_ino(ino.0)) =>
-                {
-                    let fh = self.opens.add(OpenState::Stored { read: false });
-                    reply.opened(
-                        FileHandle(fh),
-                        FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
                     )
                 }
                 Ok(_) => reply.opened(FileHandle(0), self.open_flags),
@@ -615,14 +684,13 @@ impl Filesystem for FuseAdapter {
                     reply.data(&bytes[start..end]);
                     return;
                 }
-                Some(OpenState::Stored { read }) => {
-                    *read = true;
-                    if let Some(k) = self.prefill.get() {
-                        k.counters.fallback_reads.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
                 None => {}
             }
+        }
+        if let Some(k) = self.prefill.get()
+            && let Ok(Node::StepNpy(key)) = self.fs.node(ino.0)
+        {
+            k.on_read(ino.0, key);
         }
         guarded("read", ino.0, || {
             self.read_guarded(ino.0, offset, size, reply)
@@ -632,39 +700,21 @@ impl Filesystem for FuseAdapter {
     fn release(
         &self,
         _req: &Request,
-        ino: INodeNo,
+        _ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        guarded("release", ino.0, || {
-            let state = (fh.0 != 0)
-                .then(|| {
-                    self.opens
-                        .map
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&fh.0)
-                })
-                .flatten();
-            if let Some(k) = self.prefill.get() {
-                if let Some(OpenState::Stored { read }) = state {
-                    let counter = if read {
-                        &k.counters.evicted_before_read
-                    } else {
-                        &k.counters.served_by_kernel
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
-                    // The reader is past this step: keep prefilling ahead of it (a read served
-                    // by the kernel never reached the daemon to say so).
-                    self.fs.hint(ino.0);
-                }
-                k.drop_behind(ino.0);
-            }
-            reply.ok();
-        });
+        if fh.0 != 0 {
+            self.opens
+                .map
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&fh.0);
+        }
+        reply.ok();
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
@@ -681,7 +731,9 @@ impl Filesystem for FuseAdapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        // Nothing to flush in a read-only tree. ENOSYS makes the kernel stop sending FLUSH at
+        // all (it matters with --prefill, where files are opened without FOPEN_NOFLUSH).
+        reply.error(Errno::from_i32(libc::ENOSYS));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

@@ -95,6 +95,7 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
         mtime,
         options.read_timeout,
         options.threads.max(1),
+        options.prefill,
     );
     let (shared_fs, prefill_slot) = (adapter.fs().clone(), adapter.prefill_slot());
     let mut config = fuser::Config::default();

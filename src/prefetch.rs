@@ -102,12 +102,30 @@ struct Shared {
 /// the mount (`fuse.rs`, FUSE_NOTIFY_STORE). The core only decides what and when; the adapter
 /// knows how.
 pub trait Prefill: Send + Sync {
-    /// Pushes the whole step file; whether it is now stored.
-    fn store(&self, key: StepKey, bytes: &[u8]) -> bool;
+    /// Pushes the step file; whether it is now stored. A `trigger` step is stored so that
+    /// reading it still tells the daemon (see `fuse.rs`): one every [`Prefetcher`] half-depth.
+    fn store(&self, key: StepKey, bytes: &[u8], trigger: bool) -> bool;
     /// Whether the step file is believed to be in the page cache.
     fn is_stored(&self, key: StepKey) -> bool;
     /// Counters for `stats.json`.
     fn stats(&self) -> serde_json::Value;
+}
+
+/// Steps ahead with prefill at least: the reader's reads of stored steps never reach the
+/// daemon, which hears of it only at every trigger step (one every `depth / 2`), so the window
+/// must be long for reads to stay ahead: 1 READ per 24 steps, ~96% of step files served by
+/// the kernel alone.
+pub const PREFILL_DEPTH: u64 = 48;
+
+impl Shared {
+    /// The prefetch depth: deeper with prefill.
+    fn depth_now(&self) -> u64 {
+        if self.prefill.get().is_some() {
+            self.depth.max(PREFILL_DEPTH)
+        } else {
+            self.depth
+        }
+    }
 }
 
 /// What [`Prefetcher::claim`] found.
@@ -237,7 +255,7 @@ impl Prefetcher {
         }
         let mut next = key;
         let mut added = false;
-        for _ in 0..s.depth {
+        for _ in 0..s.depth_now() {
             let Some(k) = Self::next_key(&s.plan, next) else {
                 break;
             };
@@ -346,7 +364,9 @@ impl Prefetcher {
 /// (measured: two unpaced readers on 2 vCPUs lose ~20%). So the governor runs an experiment
 /// every [`Governor::PERIOD`]: reads with prefetch off for [`Governor::PROBE`], then on for as
 /// long, and keeps prefetch off for the next period only if reads were more than 5% faster
-/// without it. A paced reader reads at the same rate either way, so the tie keeps prefetch on
+/// without it. Each win of prefetch doubles the time to the next experiment (up to
+/// [`Governor::MAX_PERIOD`]), as an experiment costs a paced reader the steps it reads
+/// without prefetch. A paced reader reads at the same rate either way, so the tie keeps prefetch on
 /// (it still lowers the latency of each read). Driven by the reads themselves: no thread, no
 /// timer; [`Governor::tick`] takes the time as an argument, so tests need no clock.
 #[derive(Clone, Debug)]
@@ -360,6 +380,9 @@ pub struct Governor {
     reads: u64,
     rate_off: f64,
     on: bool,
+    /// Time until the next experiment: doubles (up to [`Governor::MAX_PERIOD`]) each time
+    /// prefetch wins, since each experiment costs a paced reader some prefetched steps.
+    period: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -370,8 +393,10 @@ enum Phase {
 }
 
 impl Governor {
-    /// Time between experiments.
+    /// Time between experiments, at first and after prefetch lost one.
     pub const PERIOD: Duration = Duration::from_secs(5);
+    /// Longest time between experiments.
+    pub const MAX_PERIOD: Duration = Duration::from_secs(80);
     /// Reading time of each half of an experiment.
     pub const PROBE: Duration = Duration::from_millis(250);
     /// A pause between two reads longer than this is idle time, not reading time.
@@ -387,6 +412,7 @@ impl Governor {
             reads: 0,
             rate_off: 0.0,
             on: true,
+            period: Self::PERIOD,
         }
     }
 
@@ -397,7 +423,7 @@ impl Governor {
         self.last = now;
         let mut paused = false;
         match self.phase {
-            Phase::Steady if now.saturating_duration_since(self.started) >= Self::PERIOD => {
+            Phase::Steady if now.saturating_duration_since(self.started) >= self.period => {
                 self.phase = Phase::ProbeOff;
                 self.active = Duration::ZERO;
                 self.reads = 0;
@@ -416,6 +442,11 @@ impl Governor {
                     } else {
                         self.on = self.rate_off <= rate * 1.05;
                         paused = !self.on;
+                        self.period = if self.on {
+                            (self.period * 2).min(Self::MAX_PERIOD)
+                        } else {
+                            Self::PERIOD
+                        };
                         self.phase = Phase::Steady;
                         self.started = now;
                     }
@@ -476,18 +507,25 @@ fn assemble(s: &Shared, key: StepKey) {
             }
         }
     };
+    // Readers waiting for this step go first: with prefill, a reader may be reading the step
+    // through the page cache right now, its pages locked until the daemon answers, and a
+    // store into those pages would wait for that answer.
+    let read_lately = {
+        let mut state = s.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.pending.remove(&key);
+        state.recent.contains(&key)
+    };
+    s.finished.notify_all();
     if let (Some(p), Some(bytes)) = (s.prefill.get(), &bytes)
+        && !read_lately
         && !p.is_stored(key)
     {
-        p.store(key, bytes);
+        let ordinal = key
+            .epoch
+            .saturating_mul(s.plan.steps_per_epoch())
+            .saturating_add(key.step);
+        p.store(key, bytes, ordinal.is_multiple_of((s.depth_now() / 2).max(1)));
     }
-    drop(bytes);
-    s.state
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .pending
-        .remove(&key);
-    s.finished.notify_all();
 }
 
 fn worker(s: &Shared) {

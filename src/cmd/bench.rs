@@ -25,16 +25,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let plan = view.plan();
     let per_epoch = plan.steps_per_epoch() * plan.ranks();
     let available = per_epoch * plan.epochs();
-    if args.files > available {
+    if args.files.saturating_add(args.skip) > available {
         return Err(Error::invalid(format!(
-            "--files {} is more than the {available} step files of this plan; raise --epochs",
-            args.files
+            "--skip {} + --files {} is more than the {available} step files of this plan; \
+             raise --epochs",
+            args.skip, args.files
         )));
     }
-    let key = |i: u64| StepKey {
-        epoch: i / per_epoch,
-        step: (i % per_epoch) / plan.ranks(),
-        rank: i % plan.ranks(),
+    let key = |i: u64| {
+        let i = i + args.skip;
+        StepKey {
+            epoch: i / per_epoch,
+            step: (i % per_epoch) / plan.ranks(),
+            rank: i % plan.ranks(),
+        }
     };
     let readers = args.readers.max(1) as u64;
     let mountpoint = match (args.source, &args.mountpoint) {
