@@ -93,24 +93,49 @@ for rep in $(seq "$reps"); do
 done
 # (8) Paced consumers: read a step, 2 ms of "compute", read the next (1 and 2 consumers, one
 # rank each): read latency through the default mount, with --prefill, and direct pread.
+# Each run gets a fresh mount, so no run inherits another's prefetch state.
 pfiles=$((quick == 1 ? 200 : 1000))
 paced=$(mktemp)
+pm=$(mktemp -d)
 for rep in $(seq "$reps"); do
-  for row in "direct -" "mount $pmnt" "mount $qmnt"; do
-    set -- $row
+  for tag in direct default prefill; do
     for readers in 1 2; do
-      extra=()
-      tag=direct
-      if [ "$1" = mount ]; then extra=(--mountpoint "$2"); tag=default; fi
-      if [ "$2" = "$qmnt" ]; then tag=prefill; fi
-      "$bin" bench "$work/dataset" "${plan[@]}" --source "$1" --readers "$readers" \
-        --files "$pfiles" --skip "$next" --pace-us 2000 "${extra[@]}" \
+      extra=(--source direct)
+      if [ "$tag" != direct ]; then
+        flags=()
+        if [ "$tag" = prefill ]; then flags=(--prefill); fi
+        "$bin" -q mount "$work/dataset" "$pm" "${plan[@]}" "${flags[@]}" >/dev/null
+        extra=(--source mount --mountpoint "$pm")
+      fi
+      "$bin" bench "$work/dataset" "${plan[@]}" --readers "$readers" --files "$pfiles" \
+        --skip "$next" --pace-us 2000 "${extra[@]}" \
         | sed "s/^{/{\"tag\":\"$tag\",/" >> "$paced"
       next=$((next + pfiles))
+      if [ "$tag" = prefill ]; then
+        python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["prefill"]; c=json.load(open(sys.argv[1]))["cache"]; print(json.dumps({"source": "counters", "tag": "prefill", "readers": int(sys.argv[2]), "served_by_kernel": p["served_by_kernel"], "reads_reaching_daemon": c["hits"] + c["misses"], "files": int(sys.argv[3])}))' \
+          "$pm/stats.json" "$readers" "$pfiles" >> "$paced"
+      fi
+      if [ "$tag" != direct ]; then "$bin" unmount "$pm" >/dev/null; fi
     done
   done
 done
-prefill_stats=$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["prefill"]; print("stored %d, served by the kernel %d, fallback reads %d, evicted before read %d, store failures %d" % (p["stored"], p["served_by_kernel"], p["fallback_reads"], p["evicted_before_read"], p["store_failed"]))' "$qmnt/stats.json")
+# (9) Unpaced readers for long enough that the prefetch governor decides (its first experiment
+# is after 5 s): the default mount against --prefill, fresh mounts, 2 readers.
+lfiles=$((quick == 1 ? 2000 : 60000))
+long=$(mktemp)
+for tag in default prefill; do
+  flags=()
+  if [ "$tag" = prefill ]; then flags=(--prefill); fi
+  "$bin" -q mount "$work/dataset" "$pm" "${plan[@]}" "${flags[@]}" >/dev/null
+  "$bin" bench "$work/dataset" "${plan[@]}" --source mount --mountpoint "$pm" --readers 2 \
+    --files "$lfiles" --skip "$next" | sed "s/^{/{\"tag\":\"$tag\",/" >> "$long"
+  next=$((next + lfiles))
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({"source": "counters", "tag": sys.argv[2], "paused": d["cache"]["prefetch_paused"], "active": d["prefetch_active"]}))' \
+    "$pm/stats.json" "$tag" >> "$long"
+  "$bin" unmount "$pm" >/dev/null
+done
+rmdir "$pm"
+prefill_stats=$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["prefill"]; print("stored %d, served by the kernel %d, trigger reads %d, fallback reads %d, store failures %d" % (p["stored"], p["served_by_kernel"], p["trigger_reads"], p["fallback_reads"], p["store_failed"]))' "$qmnt/stats.json")
 prefetch_stats=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); c=d["cache"]; print("hits %d, misses %d, waited %d, claimed %d, wasted %d, paused periods %d, active now %s" % (c["hits"], c["misses"], c["prefetch_waited"], c["prefetch_claimed"], c["prefetch_wasted"], c["prefetch_paused"], d["prefetch_active"]))' "$pmnt/stats.json")
 
 # (4) Python consumers through the mount and (5) the naive numpy loader, one process each.
@@ -159,7 +184,8 @@ PY
   next=$((next + 4 * pyfiles))
 done
 
-python3 - "$results" "$tokens" "$reps" "$files" <<'PY'
+limit_file=$(mktemp)
+python3 - "$results" "$tokens" "$reps" "$files" "$limit_file" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 tokens, reps, files = sys.argv[2], sys.argv[3], sys.argv[4]
@@ -168,6 +194,7 @@ def med(source, readers, tag="plain"):
           if r["source"] == source and r["readers"] == readers and r["tag"] == tag]
     return statistics.median(xs)
 limit = med("direct", 2)
+open(sys.argv[5], "w").write(str(limit))
 print(f"dataset {int(tokens)*4/2**30:.2f} GiB u32, step files 32 x 2048 (262,272 bytes), "
       f"median of {reps} interleaved reps x {files} files, warm page cache")
 print(f"{'row':<62} {'M tokens/s':>11} {'files/s':>9} {'ratio':>6}")
@@ -205,24 +232,39 @@ PY
 rm -f "$results"
 echo "    prefetch mount counters after the run: $prefetch_stats"
 echo
-python3 - "$paced" "$pfiles" <<'PY'
+python3 - "$paced" "$pfiles" "$long" "$limit_file" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
+lat = [r for r in rows if r["source"] != "counters"]
 print(f"(8) paced consumers (2 ms of compute per step, {sys.argv[2]} steps each), read latency, "
       "median over reps")
 print(f"{'path':<44} {'consumers':>9} {'p50 us':>8} {'p99 us':>8} {'p50 vs default':>15}")
 for readers in (1, 2):
-    base = statistics.median(r["latency_p50_us"] for r in rows
+    base = statistics.median(r["latency_p50_us"] for r in lat
                              if r["tag"] == "default" and r["readers"] == readers)
     for label, tag in [("direct pread of the windows (no FUSE)", "direct"),
                        ("default mount (direct_io + cache + prefetch)", "default"),
                        ("mount with --prefill", "prefill")]:
-        xs = [r for r in rows if r["tag"] == tag and r["readers"] == readers]
+        xs = [r for r in lat if r["tag"] == tag and r["readers"] == readers]
         p50 = statistics.median(r["latency_p50_us"] for r in xs)
         p99 = statistics.median(r["latency_p99_us"] for r in xs)
         print(f"{label:<44} {readers:>9} {p50:>8.0f} {p99:>8.0f} {p50 / base:>15.2f}")
+    cs = [r for r in rows if r["source"] == "counters" and r["readers"] == readers]
+    kernel = statistics.median(r["served_by_kernel"] / r["files"] for r in cs)
+    print(f"    --prefill, {readers} consumer(s): {kernel * 100:.1f}% of step files served by the "
+          f"kernel alone (median over reps)")
+longrows = [json.loads(l) for l in open(sys.argv[3])]
+limit = float(open(sys.argv[4]).read())
+print()
+print("(9) 2 unpaced readers for long enough that the governor decides (fresh mounts)")
+for tag in ("default", "prefill"):
+    r = next(r for r in longrows if r["tag"] == tag and r["source"] == "mount")
+    c = next(r for r in longrows if r["tag"] == tag and r["source"] == "counters")
+    print(f"    {tag:<8} {r['tokens_per_s'] / 1e6:8.1f} M tokens/s ({r['tokens_per_s'] / limit:.2f} of "
+          f"the limit), governor paused prefetch {c['paused']} time(s), active at the end: "
+          f"{c['active']}")
 PY
-rm -f "$paced"
+rm -f "$paced" "$long" "$limit_file"
 echo "    prefill mount counters after the run: $prefill_stats"
 
 # --- (6) time to mount + first step, and daemon memory, at 1 GiB and 4 TiB (sparse) ---------
