@@ -134,6 +134,23 @@ for tag in default prefill; do
     "$pm/stats.json" "$tag" >> "$long"
   "$bin" unmount "$pm" >/dev/null
 done
+# (10) Pre-stored step files: with --prefill, time only the reads of steps already in the
+# page cache (after each read the daemon hears of, the reader waits 40 ms for the stores), and
+# direct pread of the same number of windows, 1 and 2 readers.
+sfiles=$((quick == 1 ? 500 : 4000))
+stored=$(mktemp)
+for rep in $(seq "$reps"); do
+  for readers in 1 2; do
+    "$bin" -q mount "$work/dataset" "$pm" "${plan[@]}" --prefill >/dev/null
+    "$bin" bench "$work/dataset" "${plan[@]}" --source mount --mountpoint "$pm" \
+      --readers "$readers" --files "$sfiles" --skip "$next" --prestored \
+      | sed "s/^{/{\"tag\":\"prestored\",/" >> "$stored"
+    "$bin" unmount "$pm" >/dev/null
+    "$bin" bench "$work/dataset" "${plan[@]}" --source direct --readers "$readers" \
+      --files "$sfiles" --skip "$next" | sed "s/^{/{\"tag\":\"direct\",/" >> "$stored"
+    next=$((next + sfiles))
+  done
+done
 rmdir "$pm"
 prefill_stats=$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["prefill"]; print("stored %d, served by the kernel %d, trigger reads %d, fallback reads %d, store failures %d" % (p["stored"], p["served_by_kernel"], p["trigger_reads"], p["fallback_reads"], p["store_failed"]))' "$qmnt/stats.json")
 prefetch_stats=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); c=d["cache"]; print("hits %d, misses %d, waited %d, claimed %d, wasted %d, paused periods %d, active now %s" % (c["hits"], c["misses"], c["prefetch_waited"], c["prefetch_claimed"], c["prefetch_wasted"], c["prefetch_paused"], d["prefetch_active"]))' "$pmnt/stats.json")
@@ -232,7 +249,7 @@ PY
 rm -f "$results"
 echo "    prefetch mount counters after the run: $prefetch_stats"
 echo
-python3 - "$paced" "$pfiles" "$long" "$limit_file" <<'PY'
+python3 - "$paced" "$pfiles" "$long" "$limit_file" "$stored" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 lat = [r for r in rows if r["source"] != "counters"]
@@ -253,6 +270,17 @@ for readers in (1, 2):
     kernel = statistics.median(r["served_by_kernel"] / r["files"] for r in cs)
     print(f"    --prefill, {readers} consumer(s): {kernel * 100:.1f}% of step files served by the "
           f"kernel alone (median over reps)")
+stored = [json.loads(l) for l in open(sys.argv[5])]
+print()
+print("(10) pre-stored step files (--prefill, only reads of steps already in the page cache "
+      "timed) vs direct pread of as many windows, median over reps")
+for readers in (1, 2):
+    pre = statistics.median(r["tokens_per_s"] for r in stored
+                            if r["tag"] == "prestored" and r["readers"] == readers)
+    direct = statistics.median(r["tokens_per_s"] for r in stored
+                               if r["tag"] == "direct" and r["readers"] == readers)
+    print(f"    {readers} reader(s): {pre / 1e6:8.1f} M tokens/s vs direct {direct / 1e6:8.1f}: "
+          f"{pre / direct:.2f}x")
 longrows = [json.loads(l) for l in open(sys.argv[3])]
 limit = float(open(sys.argv[4]).read())
 print()
@@ -264,7 +292,7 @@ for tag in ("default", "prefill"):
           f"the limit), governor paused prefetch {c['paused']} time(s), active at the end: "
           f"{c['active']}")
 PY
-rm -f "$paced" "$long" "$limit_file"
+rm -f "$paced" "$long" "$limit_file" "$stored"
 echo "    prefill mount counters after the run: $prefill_stats"
 
 # --- (6) time to mount + first step, and daemon memory, at 1 GiB and 4 TiB (sparse) ---------

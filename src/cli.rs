@@ -309,6 +309,11 @@ pub struct BenchArgs {
     /// output then reports read latency percentiles.
     #[arg(long, default_value_t = 0)]
     pub pace_us: u64,
+    /// With a `--prefill` mount: after each read the daemon hears of (the first, and every
+    /// prefill trigger step), pause 40 ms so it stores the next steps, and time only the reads
+    /// of steps already in the page cache.
+    #[arg(long)]
+    pub prestored: bool,
 }
 
 /// Which step file `shufflefs bench` reads.

@@ -201,14 +201,28 @@ impl KernelCache {
         let c = &self.counters;
         let here = self.ordinal(key);
         let mut map = self.lock();
-        if let Some(s) = map.get_mut(&ino) {
-            let counter = if s.trigger && !s.read {
-                &c.trigger_reads
-            } else {
-                &c.fallback_reads
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            s.read = true;
+        match map.get_mut(&ino) {
+            Some(s) => {
+                let counter = if s.trigger && !s.read {
+                    &c.trigger_reads
+                } else {
+                    &c.fallback_reads
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                s.read = true;
+            }
+            // A step read from the daemon also leaves its pages in the page cache: track it so
+            // the next drop-behind of this rank drops them too.
+            None => {
+                map.insert(
+                    ino,
+                    Stored {
+                        key,
+                        trigger: false,
+                        read: true,
+                    },
+                );
+            }
         }
         let behind: Vec<(u64, Stored)> = map
             .iter()
@@ -566,6 +580,11 @@ impl Filesystem for FuseAdapter {
             // Files are then read through the page cache, stats.json too: its mtime changes on
             // every GETATTR, and with AUTO_INVAL_DATA the kernel then drops its old pages.
             wanted |= InitFlags::FUSE_AUTO_INVAL_DATA;
+            // A step file not stored is read through the page cache too: let one READ carry
+            // a whole file rather than 128 KiB pieces.
+            if let Err(max) = config.set_max_readahead(1 << 20) {
+                let _ = config.set_max_readahead(max);
+            }
         }
         let supported = wanted & config.capabilities();
         if let Err(missing) = config.add_capabilities(supported) {

@@ -524,7 +524,11 @@ fn assemble(s: &Shared, key: StepKey) {
             .epoch
             .saturating_mul(s.plan.steps_per_epoch())
             .saturating_add(key.step);
-        p.store(key, bytes, ordinal.is_multiple_of((s.depth_now() / 2).max(1)));
+        p.store(
+            key,
+            bytes,
+            ordinal.is_multiple_of((s.depth_now() / 2).max(1)),
+        );
     }
 }
 
