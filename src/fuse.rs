@@ -148,6 +148,8 @@ struct Stored {
     trigger: bool,
     /// A READ of it reached the daemon.
     read: bool,
+    /// Pushed by the prefetcher (not just read from the daemon).
+    pushed: bool,
 }
 
 impl std::fmt::Debug for KernelCache {
@@ -202,7 +204,7 @@ impl KernelCache {
         let here = self.ordinal(key);
         let mut map = self.lock();
         match map.get_mut(&ino) {
-            Some(s) => {
+            Some(s) if s.pushed => {
                 let counter = if s.trigger && !s.read {
                     &c.trigger_reads
                 } else {
@@ -211,6 +213,7 @@ impl KernelCache {
                 counter.fetch_add(1, Ordering::Relaxed);
                 s.read = true;
             }
+            Some(_) => {}
             // A step read from the daemon also leaves its pages in the page cache: track it so
             // the next drop-behind of this rank drops them too.
             None => {
@@ -220,6 +223,7 @@ impl KernelCache {
                         key,
                         trigger: false,
                         read: true,
+                        pushed: false,
                     },
                 );
             }
@@ -271,6 +275,7 @@ impl Prefill for KernelCache {
                     key,
                     trigger,
                     read: false,
+                    pushed: true,
                 };
                 self.lock().insert(ino, stored);
                 self.counters.stored.fetch_add(1, Ordering::Relaxed);
