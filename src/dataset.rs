@@ -252,8 +252,9 @@ fn shard_open_error(path: &Path, e: &io::Error) -> Error {
                               replace it with the file itself"
             .to_string(),
         Some(libc::EMFILE | libc::ENFILE) => format!(
-            "cannot open shard: {e}; the dataset has more shards than this process may open: \
-             raise the open-file limit (ulimit -n) or re-pack with a larger --shard-size"
+            "cannot open shard: {e}; the dataset has more files than this process may open: \
+             mount with a lower --max-open-shards, raise the open-file limit (ulimit -n), or \
+             re-pack with a larger --shard-size"
         ),
         _ => format!("cannot open shard: {e}; restore the file or re-run `shufflefs pack`"),
     };

@@ -108,7 +108,8 @@ impl Node {
         }
     }
 
-    /// Whether the content changes while mounted (no attribute caching, no page cache).
+    /// Whether the content changes while mounted (no attribute caching; no page cache, or with
+    /// `--prefill` a changing mtime so the kernel drops old pages).
     pub fn is_volatile(self) -> bool {
         self == Node::Stats
     }

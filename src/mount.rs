@@ -89,13 +89,15 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
     let mtime = fs::metadata(fs.view().dataset().dir().join(crate::format::MANIFEST))
         .and_then(|m| m.modified())
         .unwrap_or(UNIX_EPOCH);
+    // Without a prefetcher there is nothing to push: serve as a plain mount.
+    let prefill = options.prefill && fs.prefetcher().is_some();
     let adapter = FuseAdapter::new(
         fs,
         options.owner,
         mtime,
         options.read_timeout,
         options.threads.max(1),
-        options.prefill,
+        prefill,
     );
     let (shared_fs, prefill_slot) = (adapter.fs().clone(), adapter.prefill_slot());
     let mut config = fuser::Config::default();
@@ -151,7 +153,7 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
                 let _ = prefill_slot.set(kernel);
                 info!("prefill: prefetched step files are pushed into the page cache");
             }
-            None => warn!("--prefill needs the step cache and prefetch; prefill is off"),
+            None => warn!("--prefill needs the step cache and prefetch; it is off for this mount"),
         }
     }
     let thread = std::thread::Builder::new()

@@ -237,7 +237,13 @@ impl Prefetcher {
         }
         let mut state = s.state.lock().unwrap_or_else(|p| p.into_inner());
         state.recent.put(key, ());
-        if let Some(g) = state.governor.as_mut() {
+        // With prefill, most reads are served by the kernel and never reach this count, so
+        // the governor's read rate would always favour prefetch off: it only runs without.
+        if let Some(g) = state
+            .governor
+            .as_mut()
+            .filter(|_| s.prefill.get().is_none())
+        {
             let (on, paused) = g.tick(Instant::now());
             if paused {
                 s.cache
@@ -399,7 +405,8 @@ impl Governor {
     pub const MAX_PERIOD: Duration = Duration::from_secs(80);
     /// Reading time of each half of an experiment.
     pub const PROBE: Duration = Duration::from_millis(250);
-    /// A pause between two reads longer than this is idle time, not reading time.
+    /// A pause between two reads counts as reading time up to this long (longer pauses are
+    /// mostly idle time).
     pub const GAP: Duration = Duration::from_millis(50);
 
     /// Starts with prefetch on, first experiment after one period.

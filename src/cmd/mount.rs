@@ -131,6 +131,12 @@ pub fn run(mut args: MountArgs) -> Result<()> {
              to turn prefetch off",
         ));
     }
+    if args.prefill && (cache_size == 0 || args.prefetch_depth == 0) {
+        return Err(Error::invalid(
+            "--prefill pushes prefetched steps into the page cache: it needs the step cache \
+             and prefetch (drop --cache-size 0 / --prefetch-depth 0)",
+        ));
+    }
     let mut fs = ShuffleFs::new(view)?;
     if args.stub_reads {
         log::warn!("--stub-reads: every step file serves the same bytes (benchmarking only)");
