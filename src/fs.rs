@@ -365,6 +365,9 @@ pub struct ShuffleFs {
     json_cache: Mutex<LruCache<Node, Arc<[u8]>>>,
 }
 
+/// The size of `stats.json` (its JSON is padded with spaces to it).
+const STATS_JSON_LEN: usize = 4096;
+
 /// Most step files the step cache holds, whatever the budget (its map is allocated up front).
 const MAX_CACHE_ENTRIES: u64 = 1 << 16;
 
@@ -453,6 +456,12 @@ impl ShuffleFs {
             "prefill": self.prefetcher.as_ref().and_then(|p| p.prefill()).map(|p| p.stats()),
         }))
         .expect("stats serialize");
+        out.push(b'\n');
+        // A fixed size (padded with spaces, which JSON allows): the size `stat` reports stays
+        // right whatever the counters are when the content is read. With `--prefill` the file
+        // is read through the page cache, which trusts that size.
+        let len = out.len().next_multiple_of(STATS_JSON_LEN);
+        out.resize(len - 1, b' ');
         out.push(b'\n');
         out
     }
