@@ -15,6 +15,10 @@ use crate::format::ContentHasher;
 /// window, large enough that the checksum file is 1/8192 of the shard.
 pub const BLOCK: u64 = 64 * 1024;
 
+/// Bytes per checksummed block of a document file: the reads of document files are small
+/// (a few records per row), so their blocks are a page.
+pub const DOC_BLOCK: u64 = 4096;
+
 /// Number of blocks of a shard of `bytes` bytes.
 pub fn blocks(bytes: u64) -> u64 {
     bytes.div_ceil(BLOCK)
@@ -33,11 +37,18 @@ pub fn block_sum(bytes: &[u8]) -> u64 {
 }
 
 /// Block checksums of a byte stream fed in pieces of any size.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct BlockSums {
     hasher: ContentHasher,
+    block: u64,
     in_block: u64,
     sums: Vec<u64>,
+}
+
+impl Default for BlockSums {
+    fn default() -> Self {
+        BlockSums::with_block(BLOCK)
+    }
 }
 
 impl BlockSums {
@@ -46,14 +57,24 @@ impl BlockSums {
         BlockSums::default()
     }
 
+    /// Nothing fed yet; blocks of `block` bytes.
+    pub fn with_block(block: u64) -> BlockSums {
+        BlockSums {
+            hasher: ContentHasher::new(),
+            block,
+            in_block: 0,
+            sums: Vec::new(),
+        }
+    }
+
     /// Feeds the next bytes of the stream.
     pub fn update(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() {
-            let take = ((BLOCK - self.in_block) as usize).min(bytes.len());
+            let take = ((self.block - self.in_block) as usize).min(bytes.len());
             self.hasher.update(&bytes[..take]);
             self.in_block += take as u64;
             bytes = &bytes[take..];
-            if self.in_block == BLOCK {
+            if self.in_block == self.block {
                 self.sums.push(self.hasher.finish());
                 self.hasher = ContentHasher::new();
                 self.in_block = 0;
@@ -62,11 +83,16 @@ impl BlockSums {
     }
 
     /// The checksums of every block, the last partial one included.
-    pub fn finish(mut self) -> Vec<u64> {
+    pub fn finish(&self) -> Vec<u64> {
+        let mut s = self.clone();
+        s.finish_owned()
+    }
+
+    fn finish_owned(&mut self) -> Vec<u64> {
         if self.in_block > 0 {
             self.sums.push(self.hasher.finish());
         }
-        self.sums
+        std::mem::take(&mut self.sums)
     }
 }
 

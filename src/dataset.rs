@@ -66,6 +66,32 @@ pub struct DocFiles {
     pub entries: u64,
     /// Number of documents starting in the shard.
     pub documents: u64,
+    /// The block checksums of the four files, when the manifest lists them.
+    pub sums: Option<DocSums>,
+}
+
+/// The checksum file of a shard's document files.
+#[derive(Debug)]
+pub struct DocSums {
+    /// The file: the checksums of ids, index, meta and docs, one after the other.
+    pub file: Shard,
+    /// The index of the first checksum of each of the four files.
+    pub bases: [u64; 4],
+}
+
+impl DocFiles {
+    /// Reads `buf.len()` bytes of document file `k` (0 ids, 1 index, 2 meta, 3 docs) at
+    /// `offset`, checked against its block checksums when the dataset has them: a changed
+    /// document file is an error, never served.
+    fn read_at(&self, k: usize, buf: &mut [u8], offset: u64) -> Result<()> {
+        let file = [&self.ids, &self.index, &self.meta, &self.docs][k];
+        match &self.sums {
+            Some(s) => {
+                file.read_checked_at(&s.file, crate::checksum::DOC_BLOCK, s.bases[k], buf, offset)
+            }
+            None => file.read_exact_at(buf, offset),
+        }
+    }
 }
 
 /// A run of records that share one metadata entry, relative to the start of a read.
@@ -135,7 +161,6 @@ impl Shard {
     /// and checks each against the checksum file before copying any byte out: a block that
     /// changed after packing is an error, never served.
     fn read_verified_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        use crate::checksum::{BLOCK, block_sum};
         let Some(sums) = self.sums.as_deref() else {
             return Err(Error::dataset(
                 &self.path,
@@ -143,40 +168,7 @@ impl Shard {
                  --write-checksums DATASET_DIR`",
             ));
         };
-        if buf.is_empty() {
-            return Ok(());
-        }
-        let first = offset / BLOCK;
-        let last = (offset + buf.len() as u64 - 1) / BLOCK;
-        let start = first * BLOCK;
-        let end = ((last + 1) * BLOCK).min(self.len);
-        let mut blocks = vec![0u8; (end - start) as usize];
-        self.read_exact_at(&mut blocks, start)?;
-        let mut want = vec![0u8; ((last - first + 1) * 8) as usize];
-        sums.read_exact_at(&mut want, first * 8)?;
-        for (k, (block, sum)) in blocks
-            .chunks(BLOCK as usize)
-            .zip(want.chunks_exact(8))
-            .enumerate()
-        {
-            let sum = u64::from_le_bytes(sum.try_into().expect("8 bytes"));
-            if block_sum(block) != sum {
-                let at = start + k as u64 * BLOCK;
-                return Err(Error::dataset(
-                    &self.path,
-                    format!(
-                        "bytes {at}..{} fail their checksum (block {}): the shard changed \
-                         after packing; restore it or re-run `shufflefs pack` (`shufflefs \
-                         verify` lists every bad block)",
-                        at + block.len() as u64,
-                        first + k as u64
-                    ),
-                ));
-            }
-        }
-        let skip = (offset - start) as usize;
-        buf.copy_from_slice(&blocks[skip..skip + buf.len()]);
-        Ok(())
+        self.read_checked_at(sums, crate::checksum::BLOCK, 0, buf, offset)
     }
 
     /// Attaches document files.
@@ -230,6 +222,61 @@ impl Shard {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Reads the whole `block`-byte blocks the range touches, checks each against its
+    /// checksum (block `k` of this file is checksum `base + k` of `sums`), then copies the
+    /// range out.
+    fn read_checked_at(
+        &self,
+        sums: &Shard,
+        block: u64,
+        base: u64,
+        buf: &mut [u8],
+        offset: u64,
+    ) -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let first = offset / block;
+        let last = (offset + buf.len() as u64 - 1) / block;
+        let start = first * block;
+        let end = ((last + 1) * block).min(self.len);
+        if end < offset + buf.len() as u64 {
+            return Err(Error::ShortRead {
+                path: self.path.clone(),
+                offset,
+                wanted: buf.len(),
+                got: end.saturating_sub(offset) as usize,
+            });
+        }
+        let mut blocks = vec![0u8; (end - start) as usize];
+        self.read_exact_at(&mut blocks, start)?;
+        let mut want = vec![0u8; ((last - first + 1) * 8) as usize];
+        sums.read_exact_at(&mut want, (base + first) * 8)?;
+        for (k, (data, sum)) in blocks
+            .chunks(block as usize)
+            .zip(want.chunks_exact(8))
+            .enumerate()
+        {
+            let sum = u64::from_le_bytes(sum.try_into().expect("8 bytes"));
+            if crate::checksum::block_sum(data) != sum {
+                let at = start + k as u64 * block;
+                return Err(Error::dataset(
+                    &self.path,
+                    format!(
+                        "bytes {at}..{} fail their checksum (block {}): the file changed \
+                         after packing; restore it or re-run `shufflefs pack` (`shufflefs \
+                         verify` lists every bad block)",
+                        at + data.len() as u64,
+                        first + k as u64
+                    ),
+                ));
+            }
+        }
+        let skip = (offset - start) as usize;
+        buf.copy_from_slice(&blocks[skip..skip + buf.len()]);
         Ok(())
     }
 }
@@ -416,13 +463,36 @@ impl Dataset {
                         format!("document file sizes overflow{}", format::EDITED),
                     ));
                 };
+                let files = [
+                    open(&d.ids, Some(ids))?,
+                    open(&d.index, Some(index))?,
+                    open(&d.meta, Some(d.meta_bytes))?,
+                    open(&d.docs, Some(docs))?,
+                ];
+                let sums = match &d.checksums {
+                    None => None,
+                    Some(c) => {
+                        let mut bases = [0u64; 4];
+                        let mut total = 0u64;
+                        for (base, f) in bases.iter_mut().zip(&files) {
+                            *base = total;
+                            total += f.len.div_ceil(crate::checksum::DOC_BLOCK);
+                        }
+                        Some(DocSums {
+                            file: open(&c.file, Some(total * 8))?,
+                            bases,
+                        })
+                    }
+                };
+                let [ids, index, meta, docs] = files;
                 shard = shard.with_docs(DocFiles {
-                    ids: open(&d.ids, Some(ids))?,
-                    index: open(&d.index, Some(index))?,
-                    meta: open(&d.meta, Some(d.meta_bytes))?,
-                    docs: open(&d.docs, Some(docs))?,
+                    ids,
+                    index,
+                    meta,
+                    docs,
                     entries: d.entries,
                     documents: d.documents,
+                    sums,
                 });
             }
             shards.push(shard);
@@ -490,6 +560,9 @@ impl Dataset {
                 for f in [&mut d.ids, &mut d.index, &mut d.meta, &mut d.docs] {
                     f.source = wrap(&f.path, f.source.clone());
                 }
+                if let Some(s) = d.sums.as_mut() {
+                    s.file.source = wrap(&s.file.path, s.file.source.clone());
+                }
             }
         }
         self
@@ -550,7 +623,7 @@ impl Dataset {
         }
         let count = (hi - lo) as usize + 2;
         let mut raw = vec![0u8; count * 8];
-        d.index.read_exact_at(&mut raw, u64::from(lo) * 8)?;
+        d.read_at(1, &mut raw, u64::from(lo) * 8)?;
         let offsets: Vec<u64> = raw
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
@@ -569,7 +642,7 @@ impl Dataset {
             ));
         }
         let mut data = vec![0u8; (offsets[count - 1] - offsets[0]) as usize];
-        d.meta.read_exact_at(&mut data, offsets[0])?;
+        d.read_at(2, &mut data, offsets[0])?;
         Ok((offsets, data))
     }
 
@@ -621,7 +694,7 @@ impl Dataset {
             let shard_end = self.ends[index] / itemsize;
             let take = shard_end.min(end) - pos;
             let mut raw = vec![0u8; take as usize * 4];
-            d.ids.read_exact_at(&mut raw, (pos - shard_first) * 4)?;
+            d.read_at(0, &mut raw, (pos - shard_first) * 4)?;
             let ids: Vec<u32> = raw
                 .chunks_exact(4)
                 .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
@@ -697,7 +770,7 @@ impl Dataset {
         let first = local.saturating_sub(1);
         let last = (local + 1).min(d.documents - 1);
         let mut raw = vec![0u8; ((last - first + 1) * format::DOC_RECORD) as usize];
-        d.docs.read_exact_at(&mut raw, first * format::DOC_RECORD)?;
+        d.read_at(3, &mut raw, first * format::DOC_RECORD)?;
         let record = |l: u64| {
             let at = ((l - first) * format::DOC_RECORD) as usize;
             let field = |k: usize| {
@@ -981,7 +1054,16 @@ mod tests {
         // Each edit keeps every file's size, so the dataset opens; before these checks each
         // served a wrong document range or wrong metadata under the same fingerprint.
         let tmp = tempfile::tempdir().unwrap();
-        let (ds, manifest, docs) = packed_documents(tmp.path(), 1 << 32);
+        let (ds, mut manifest, docs) = packed_documents(tmp.path(), 1 << 32);
+        // Without the document checksums (which would refuse every edit first), as a
+        // dataset packed before them: these are the checks that remain.
+        for s in &mut manifest.shards {
+            if let Some(d) = s.docs.as_mut() {
+                d.checksums = None;
+            }
+        }
+        manifest.content_hash = manifest.expected_content_hash();
+        std::fs::write(ds.join(MANIFEST), manifest.to_bytes()).unwrap();
         let shard = |k: usize| manifest.shards[k].docs.clone().unwrap();
         let edit = |name: &str, f: &dyn Fn(&mut Vec<u8>)| {
             let path = ds.join(name);

@@ -107,6 +107,11 @@ pub struct ShardDocs {
     /// Content hash of the four files: [`ContentHasher`] over the little-endian u64 content
     /// hashes of ids, index, meta and docs, in that order.
     pub hash: String,
+    /// Block checksums of the four files (version 3; optional): one file holding the
+    /// checksums of ids, index, meta and docs, in that order, in blocks of
+    /// [`crate::checksum::DOC_BLOCK`] bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksums: Option<ShardChecksums>,
 }
 
 /// Bytes per document record in a `docs` file.
@@ -319,6 +324,29 @@ impl Manifest {
                     d.hash
                 ));
             }
+            if let Some(c) = &d.checksums {
+                if self.version < 3 {
+                    return fail(format!(
+                        "shards[{i}].docs.checksums needs manifest version 3, not {}",
+                        self.version
+                    ));
+                }
+                check_shard_path(&c.file)
+                    .map_err(|e| dataset_err(format!("shards[{i}].docs.checksums.file: {e}")))?;
+                if c.block != crate::checksum::DOC_BLOCK {
+                    return fail(format!(
+                        "shards[{i}].docs.checksums.block is {} but this shufflefs uses {}",
+                        c.block,
+                        crate::checksum::DOC_BLOCK
+                    ));
+                }
+                if parse_hash(&c.hash).is_none() {
+                    return fail(format!(
+                        "shards[{i}].docs.checksums.hash {:?} is not 16 hex digits",
+                        c.hash
+                    ));
+                }
+            }
             docs_total = docs_total
                 .checked_add(d.documents)
                 .ok_or_else(|| dataset_err("document count overflows 64 bits".into()))?;
@@ -329,7 +357,7 @@ impl Manifest {
             return fail(format!("documents is {n} but the shards hold {docs_total}"));
         }
         self.check_names().map_err(dataset_err)?;
-        if self.content_hash != content_hash(&self.shards) {
+        if self.content_hash != self.expected_content_hash() {
             return fail(format!(
                 "content_hash {:?} does not match the shard list",
                 self.content_hash
@@ -357,7 +385,14 @@ impl Manifest {
                     names.push((format!("docs.{field}"), name));
                 }
             }
-            for (field, name) in &names {
+            let mut all = names.clone();
+            if let Some(c) = &shard.checksums {
+                all.push(("checksums.file".to_string(), &c.file));
+            }
+            if let Some(c) = shard.docs.as_ref().and_then(|d| d.checksums.as_ref()) {
+                all.push(("docs.checksums.file".to_string(), &c.file));
+            }
+            for (field, name) in &all {
                 let here = format!("shards[{i}].{field}");
                 if let Some(first) = seen.insert(name, here.clone()) {
                     return Err(format!("{here} {name:?} is also {first}"));
@@ -441,6 +476,25 @@ fn check_shard_path(p: &str) -> std::result::Result<(), String> {
     }
 }
 
+impl Manifest {
+    /// The `content_hash` this manifest must carry. From version 3 it covers `dtype` and
+    /// `metadata` too, which change what a mount serves (an edited dtype of the same item
+    /// size, or a dropped metadata flag, would otherwise open under a new fingerprint instead
+    /// of being refused); version 2 covers the shard list only ([`content_hash`]).
+    pub fn expected_content_hash(&self) -> String {
+        let shards = content_hash(&self.shards);
+        if self.version < 3 {
+            return shards;
+        }
+        let mut h = ContentHasher::new();
+        h.update(b"shufflefs-dataset-v3");
+        h.update(self.dtype.as_bytes());
+        h.update(&[0, u8::from(self.metadata)]);
+        h.update(&parse_hash(&shards).unwrap_or(0).to_le_bytes());
+        format_hash(h.finish())
+    }
+}
+
 /// The identity hash of a shard referenced in place: its absolute path, size and mtime.
 pub fn in_place_hash(path: &str, bytes: u64, mtime_ns: u64) -> String {
     let mut h = ContentHasher::new();
@@ -466,6 +520,10 @@ pub fn content_hash(shards: &[ShardEntry]) -> String {
         if let Some(d) = &s.docs {
             h.update(&d.documents.to_le_bytes());
             h.update(&parse_hash(&d.hash).unwrap_or(0).to_le_bytes());
+            if let Some(c) = &d.checksums {
+                h.update(b"docsums");
+                h.update(&parse_hash(&c.hash).unwrap_or(0).to_le_bytes());
+            }
         }
     }
     format_hash(h.finish())
@@ -584,18 +642,20 @@ mod tests {
                 checksums: None,
             },
         ];
-        Manifest {
+        let mut m = Manifest {
             format: FORMAT_NAME.into(),
             version: VERSION,
             dtype: "<u4".into(),
             itemsize: 4,
             records: 15,
-            content_hash: content_hash(&shards),
+            content_hash: String::new(),
             shards,
             documents: None,
             metadata: false,
             created_by: "test".into(),
-        }
+        };
+        m.content_hash = m.expected_content_hash();
+        m
     }
 
     #[test]
@@ -655,7 +715,7 @@ mod tests {
         };
         let with_sums = |m: &mut Manifest, c: ShardChecksums| {
             m.shards[0].checksums = Some(c);
-            m.content_hash = content_hash(&m.shards);
+            m.content_hash = m.expected_content_hash();
         };
         check(
             &|m| {
@@ -701,7 +761,11 @@ mod tests {
         Manifest::parse(&m.to_bytes(), Path::new("m")).unwrap();
         let mut v2 = sample();
         v2.version = 2;
+        v2.content_hash = content_hash(&v2.shards);
         Manifest::parse(&v2.to_bytes(), Path::new("m")).unwrap();
+        // From version 3 the dtype and the metadata flag are part of the identity.
+        check(&|m| m.dtype = "<f4".into(), "does not match the shard list");
+        check(&|m| m.metadata = true, "metadata is true but");
         check(
             &|m| m.shards[0].hash = format_hash(9),
             "does not match the shard list",
@@ -740,6 +804,7 @@ mod tests {
                         docs: format!("{stem}.docs"),
                         documents: 1,
                         hash: format_hash(10 + k as u64),
+                        checksums: None,
                     }),
                     in_place_mtime_ns: None,
                     checksums: None,
@@ -747,18 +812,20 @@ mod tests {
                 }
             })
             .collect();
-        Manifest {
+        let mut m = Manifest {
             format: FORMAT_NAME.into(),
             version: VERSION,
             dtype: "<u2".into(),
             itemsize: 2,
             records: 12,
-            content_hash: content_hash(&shards),
+            content_hash: String::new(),
             shards,
             documents: Some(3),
             metadata: false,
             created_by: "test".into(),
-        }
+        };
+        m.content_hash = m.expected_content_hash();
+        m
     }
 
     #[test]
@@ -769,7 +836,7 @@ mod tests {
         let check = |f: &dyn Fn(&mut Manifest), want: &str| {
             let mut m = with_docs();
             f(&mut m);
-            assert_eq!(m.content_hash, content_hash(&m.shards));
+            assert_eq!(m.content_hash, m.expected_content_hash());
             let msg = Manifest::parse(&m.to_bytes(), Path::new("/d/manifest.json"))
                 .unwrap_err()
                 .to_string();
@@ -834,7 +901,7 @@ mod tests {
             s.hash = in_place_hash(&s.path, s.bytes, 1_700_000_000_000_000_000);
         }
         m.records = 20;
-        m.content_hash = content_hash(&m.shards);
+        m.content_hash = m.expected_content_hash();
         Manifest::parse(&m.to_bytes(), Path::new("m")).unwrap();
         // Swapped paths (equal sizes and mtimes) keep content_hash: before the check this
         // served the two files in the wrong order under the same fingerprint.

@@ -399,6 +399,9 @@ fn shard_files(s: &ShardEntry) -> Vec<&str> {
             d.meta.as_str(),
             d.docs.as_str(),
         ]);
+        if let Some(c) = &d.checksums {
+            v.push(c.file.as_str());
+        }
     }
     v
 }
@@ -618,6 +621,33 @@ enum Seg<'a> {
     Span(&'a str),
 }
 
+/// The content hash and the block checksums of one document file, fed together.
+#[derive(Clone, Debug)]
+struct DocHasher {
+    content: ContentHasher,
+    blocks: BlockSums,
+}
+
+impl Default for DocHasher {
+    fn default() -> Self {
+        DocHasher {
+            content: ContentHasher::new(),
+            blocks: BlockSums::with_block(checksum::DOC_BLOCK),
+        }
+    }
+}
+
+impl DocHasher {
+    fn update(&mut self, bytes: &[u8]) {
+        self.content.update(bytes);
+        self.blocks.update(bytes);
+    }
+
+    fn finish(&self) -> u64 {
+        self.content.finish()
+    }
+}
+
 /// The files of the shard being written.
 struct OpenShard {
     index: usize,
@@ -638,7 +668,7 @@ struct OpenDocs {
     docs: BufWriter<File>,
     tmps: [PathBuf; 4],
     names: [String; 4],
-    hashers: [ContentHasher; 4],
+    hashers: [DocHasher; 4],
     entries: u64,
     meta_bytes: u64,
     documents: u64,
@@ -668,7 +698,7 @@ struct Writer {
     /// Docs records of documents that started in a finished shard and are still open.
     pending_docs: Vec<(usize, Vec<u8>)>,
     /// Running hashes of each finished shard's document files (ids, index, meta, docs).
-    doc_hashers: Vec<[ContentHasher; 4]>,
+    doc_hashers: Vec<[DocHasher; 4]>,
     next_record: u64,
     next_doc: u64,
     next_entry: u64,
@@ -1006,6 +1036,7 @@ impl Writer {
                     docs,
                     documents: d.documents,
                     hash: String::new(),
+                    checksums: None,
                 })
             }
         };
@@ -1031,14 +1062,35 @@ impl Writer {
         }
         // Document-file hashes cover the files as finally written (some docs records were
         // appended after their shard was finished): the hash of the four files' hashes.
-        for (s, hashers) in self.shards.iter_mut().zip(&self.doc_hashers) {
-            if let Some(d) = &mut s.docs {
-                let mut h = ContentHasher::new();
-                for file in hashers {
-                    h.update(&file.finish().to_le_bytes());
-                }
-                d.hash = format::format_hash(h.finish());
+        // Their block checksums too: one file per shard, the checksums of .ids, .idx, .meta
+        // and .docs one after the other.
+        for i in 0..self.shards.len().min(self.doc_hashers.len()) {
+            let hashers = self.doc_hashers[i].clone();
+            let Some(d) = &self.shards[i].docs else {
+                continue;
+            };
+            let mut h = ContentHasher::new();
+            for file in &hashers {
+                h.update(&file.finish().to_le_bytes());
             }
+            let sums: Vec<u64> = hashers.iter().flat_map(|f| f.blocks.finish()).collect();
+            let encoded = checksum::encode(&sums);
+            let stem = d.docs.strip_suffix(".docs").unwrap_or(&d.docs);
+            let name = format!("{stem}.docsums");
+            let (tmp, mut file) = self.create(&name)?;
+            file.write_all(&encoded).map_err(|e| Error::io(&tmp, e))?;
+            file.flush().map_err(|e| Error::io(&tmp, e))?;
+            file.get_ref().sync_all().map_err(|e| Error::io(&tmp, e))?;
+            let path = self.dir.join(&name);
+            fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+            self.written.files.push(path);
+            let d = self.shards[i].docs.as_mut().expect("checked above");
+            d.hash = format::format_hash(h.finish());
+            d.checksums = Some(ShardChecksums {
+                file: name,
+                block: checksum::DOC_BLOCK,
+                hash: format::format_hash(checksum::file_hash(&encoded)),
+            });
         }
         // The renames must be durable before a manifest can reference them.
         File::open(&self.dir)
@@ -1066,18 +1118,19 @@ fn write_manifest(
     metadata: bool,
     written: &mut Written,
 ) -> Result<Manifest> {
-    let manifest = Manifest {
+    let mut manifest = Manifest {
         format: FORMAT_NAME.into(),
         version: VERSION,
         dtype: record.manifest_descr(),
         itemsize: record.itemsize() as u64,
         records: shards.iter().map(|s| s.records).sum(),
-        content_hash: format::content_hash(&shards),
+        content_hash: String::new(),
         shards,
         documents,
         metadata,
         created_by: format!("shufflefs {}", env!("CARGO_PKG_VERSION")),
     };
+    manifest.content_hash = manifest.expected_content_hash();
     let tmp = dir.join(format!("{MANIFEST}.tmp"));
     let path = dir.join(MANIFEST);
     written.files.push(tmp.clone());

@@ -171,11 +171,14 @@ pub fn verify(
         if let Some(d) = shard.docs() {
             let mut hashes = Vec::new();
             let mut index = Vec::new();
+            let mut doc_blocks = Vec::new();
             for (k, file) in [&d.ids, &d.index, &d.meta, &d.docs].into_iter().enumerate() {
                 let mut h = ContentHasher::new();
+                let mut blocks = BlockSums::with_block(checksum::DOC_BLOCK);
                 let mut scanned = Report::default();
                 let r = scan(file, &mut scanned, |b| {
                     h.update(b);
+                    blocks.update(b);
                     if k == 1 {
                         index.extend_from_slice(b);
                     }
@@ -187,6 +190,34 @@ pub fn verify(
                         .push(report_problem(file.path(), e.to_string()));
                 }
                 hashes.push(h.finish());
+                doc_blocks.extend(blocks.finish());
+            }
+            if let (Some(sums), Some(c)) = (
+                d.sums.as_ref(),
+                entry.docs.as_ref().and_then(|x| x.checksums.as_ref()),
+            ) {
+                let mut recorded = Vec::new();
+                let mut scanned = Report::default();
+                match scan(&sums.file, &mut scanned, |b| recorded.extend_from_slice(b)) {
+                    Err(e) => report
+                        .problems
+                        .push(report_problem(sums.file.path(), e.to_string())),
+                    Ok(()) => {
+                        report.blocks_checked += doc_blocks.len() as u64;
+                        if format::format_hash(checksum::file_hash(&recorded)) != c.hash
+                            || recorded != checksum::encode(&doc_blocks)
+                        {
+                            report.problems.push(report_problem(
+                                sums.file.path(),
+                                "the document files' block checksums do not match the files \
+                                 or the manifest: a document file or its checksum file changed \
+                                 after packing; re-run `shufflefs pack`"
+                                    .to_string(),
+                            ));
+                        }
+                    }
+                }
+                report.bytes_read += scanned.bytes_read;
             }
             let mut h = ContentHasher::new();
             for x in &hashes {
@@ -270,7 +301,7 @@ fn write_checksums(dir: &Path, manifest: &Manifest, sums: &[Option<Vec<u64>>]) -
         return Ok(0);
     }
     updated.version = VERSION;
-    updated.content_hash = format::content_hash(&updated.shards);
+    updated.content_hash = updated.expected_content_hash();
     let path = dir.join(MANIFEST);
     let tmp = dir.join(format!("{MANIFEST}.tmp"));
     let write = || -> std::io::Result<()> {

@@ -7,15 +7,13 @@
 //! fail instead (EIO), naming a file of the damaged shard. Asserted: no different bytes, no
 //! panic, no error without the file's name, and five refusals through the real binary.
 //!
-//! Two outcomes are counted and printed but not failed, because only a format change can
-//! close them (see the table the test prints, and FORMAT.md, sections 5 and 6):
+//! Two outcomes are failures as well, closed by format version 3 (FORMAT.md, sections 5 and 6):
 //! - `SameSizeContent`: a document file whose content changed but not its size, served as it
-//!   reads. The read checks of `Dataset` catch most such damage (the `ReadErrors` column), not
-//!   all: an id moved to another entry of the same document, metadata text edited into other
-//!   valid JSON. Only the hashes cover contents, and opening does not read them.
-//! - `NewIdentity`: an edit of `dtype` (to another type of the same size) or of `metadata`,
-//!   which `content_hash` does not cover. The dataset opens under a different fingerprint.
-//!   Any other mutation with this outcome fails the test.
+//!   reads. The document files' block checksums (`.docsums`, checked on every document-file
+//!   read) turn it into `ReadErrors`; the read checks of `Dataset` remain for datasets
+//!   without them.
+//! - `NewIdentity`: an edit of `dtype` (to another type of the same size) or of `metadata`
+//!   that opens under a different fingerprint. `content_hash` covers both since version 3.
 //!
 //! Each case is one mutation of a pristine copy rebuilt at the same path (so `info.json`, which
 //! names the directory, is comparable). Cases are drawn from a SplitMix64 stream: the base seed
@@ -1592,14 +1590,14 @@ fn seeded_mutations_are_refused_or_harmless() {
             if ex.len() < 3 || verbose {
                 ex.push(format!("{} seed {seed:#x}: {what} => {detail}", fx.label));
             }
-            // Only dtype and metadata edits may open as another dataset (content_hash does
-            // not cover them).
-            let new_identity_known = what.contains("metadata") || what.starts_with("/dtype");
             if matches!(
                 outcome,
-                Outcome::WrongBytes | Outcome::BadMessage | Outcome::Panic
-            ) || (outcome == Outcome::NewIdentity && !new_identity_known)
-            {
+                Outcome::WrongBytes
+                    | Outcome::BadMessage
+                    | Outcome::Panic
+                    | Outcome::NewIdentity
+                    | Outcome::SameSizeContent
+            ) {
                 failures.push(format!(
                     "{} case {index} seed {seed:#x} [{kind}] {what}: {outcome:?}: {detail}",
                     fx.label

@@ -420,8 +420,9 @@ fn regression_fingerprint_is_pinned() {
         .fingerprint()
         .to_string();
     assert_eq!(fa, b.view(&config(65, 64, 8, 4, 7, 3)).fingerprint());
-    // Changed with format version 3: block checksums are part of the content identity.
-    assert_eq!(fa, "93ae1da28f620cde");
+    // Changed with format version 3: block checksums, dtype and metadata are part of the
+    // content identity.
+    assert_eq!(fa, "f4734ed83a8c79db");
 }
 
 #[test]

@@ -547,10 +547,11 @@ fn metadata_of_a_window_costs_three_reads_per_shard_touched() {
     use std::sync::atomic::{AtomicU64, Ordering};
     // Short documents (1..13 tokens) with span metadata; shards of 256 tokens.
     let c = corpus(2000, 256 * 4);
-    let counters: BTreeMap<&str, Arc<AtomicU64>> = ["bin", "sums", "ids", "idx", "meta", "docs"]
-        .into_iter()
-        .map(|k| (k, Arc::new(AtomicU64::new(0))))
-        .collect();
+    let counters: BTreeMap<&str, Arc<AtomicU64>> =
+        ["bin", "sums", "ids", "idx", "meta", "docs", "docsums"]
+            .into_iter()
+            .map(|k| (k, Arc::new(AtomicU64::new(0))))
+            .collect();
     let dataset = shufflefs::dataset::Dataset::open(&c.ds)
         .unwrap()
         .wrap_sources(|path, inner| {
@@ -569,7 +570,8 @@ fn metadata_of_a_window_costs_three_reads_per_shard_touched() {
             .values()
             .for_each(|c| c.store(0, Ordering::Relaxed))
     };
-    // order of `counts`: bin, docs, ids, idx, meta, sums (never read without --verify-reads)
+    // order of `counts`: bin, docs, docsums, ids, idx, meta, sums (the shard checksums, never
+    // read without --verify-reads). Each document-file read also reads its block checksums.
     for (first, len, shards) in [
         (10u64, 200u64, 1u64),
         (200, 100, 2),
@@ -581,7 +583,7 @@ fn metadata_of_a_window_costs_three_reads_per_shard_touched() {
         assert!(spans.len() > 10, "many documents per window");
         assert_eq!(
             counts(),
-            vec![0, 0, shards, shards, shards, 0],
+            vec![0, 0, 3 * shards, shards, shards, shards, 0],
             "window {first}+{len}"
         );
     }
@@ -589,7 +591,7 @@ fn metadata_of_a_window_costs_three_reads_per_shard_touched() {
     dataset.document(777).unwrap();
     assert_eq!(
         counts(),
-        vec![0, 1, 0, 1, 1, 0],
+        vec![0, 1, 3, 0, 1, 1, 0],
         "a document: docs, index, data"
     );
 }
