@@ -268,7 +268,7 @@ impl Shard {
                     format!(
                         "bytes {at}..{} fail their checksum (block {}): the file changed \
                          after packing; restore it or re-run `shufflefs pack` (`shufflefs \
-                         verify` lists every bad block)",
+                         verify` checks every file)",
                         at + data.len() as u64,
                         first + k as u64
                     ),
@@ -381,7 +381,12 @@ impl Dataset {
         let files: usize = manifest
             .shards
             .iter()
-            .map(|s| 1 + usize::from(s.checksums.is_some()) + 4 * usize::from(s.docs.is_some()))
+            .map(|s| {
+                1 + usize::from(s.checksums.is_some())
+                    + s.docs
+                        .as_ref()
+                        .map_or(0, |d| 4 + usize::from(d.checksums.is_some()))
+            })
             .sum();
         // All descriptors stay open when they fit (no lock on the read path); otherwise each
         // file is pinned and its descriptor lives in a bounded pool.

@@ -982,3 +982,34 @@ impl Filesystem for FuseAdapter {
         reply.error(fail("fallocate", ino.0, &Error::ReadOnly));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_handler_is_caught_and_the_thread_goes_on() {
+        // The reply moved into a handler is dropped while unwinding, and fuser answers an
+        // unanswered request with EIO; here only the catching is observable.
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        struct Reply(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Reply {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let reply = Reply(dropped.clone());
+        guarded("test", 7, move || {
+            let _reply = reply;
+            panic!("injected");
+        });
+        assert!(
+            dropped.load(Ordering::SeqCst),
+            "the reply was dropped (answered EIO)"
+        );
+        // The same thread serves the next request.
+        let mut served = false;
+        guarded("test", 8, || served = true);
+        assert!(served);
+    }
+}
