@@ -38,8 +38,9 @@ plan=(--window 2048 --batch-size 32 --ranks 2 --epochs 256 --seed 7)
 # Every run reads step files no earlier run read (--skip), as a trainer does: a re-read would
 # find them in the cache, or be skipped by the prefetcher as recently read.
 next=0
-# A dataset left by an older build (other format version) is rebuilt.
-{ [ -f "$work/tokens.bin" ] && "$bin" inspect "$work/dataset" >/dev/null 2>&1; } || rm -rf "$work"
+# A dataset packed by an older build (unreadable, or an older format version) is rebuilt.
+current() { "$bin" inspect "$1" --json 2>/dev/null | grep -q '"format_version": 3'; }
+{ [ -f "$work/tokens.bin" ] && current "$work/dataset"; } || rm -rf "$work"
 if [ ! -f "$work/dataset/manifest.json" ]; then
   mkdir -p "$work"
   "$bin" synth "$work/tokens.bin" --tokens "$tokens" --dtype u32 >/dev/null
@@ -297,7 +298,7 @@ echo "    prefill mount counters after the run: $prefill_stats"
 
 # --- (6) time to mount + first step, and daemon memory, at 1 GiB and 4 TiB (sparse) ---------
 big=$PWD/target/bench/sparse4t
-if [ ! -f "$big/dataset/manifest.json" ]; then
+if ! current "$big/dataset"; then
   rm -rf "$big"; mkdir -p "$big"
   for i in 0 1 2 3; do truncate -s 1T "$big/part$i.bin"; done
   "$bin" pack "$big/dataset" "$big"/part*.bin --dtype u32 --in-place >/dev/null
@@ -346,7 +347,7 @@ docs=200000; mfiles=1000
 if [ "$quick" = 1 ]; then docs=5000; mfiles=100; fi
 meta=$PWD/target/bench/meta$docs
 mplan=(--window 2049 --stride 2048 --batch-size 32 --ranks 1 --epochs 64 --seed 7)
-"$bin" inspect "$meta/dataset" >/dev/null 2>&1 || rm -rf "$meta"
+current "$meta/dataset" || rm -rf "$meta"
 if [ ! -f "$meta/dataset/manifest.json" ]; then
   mkdir -p "$meta"
   python3 - "$meta/docs.jsonl" "$docs" <<'PY'
