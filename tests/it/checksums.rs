@@ -5,20 +5,13 @@
 use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use shufflefs::dataset::Dataset;
 use shufflefs::fs::ShuffleFs;
 use shufflefs::view::View;
 
 use crate::common::*;
-
-fn shufflefs(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shufflefs"))
-        .args(args)
-        .output()
-        .expect("run shufflefs")
-}
 
 fn text(o: &Output) -> String {
     format!(

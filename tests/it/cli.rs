@@ -8,57 +8,6 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 
-fn shufflefs(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shufflefs"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-/// Waits (bounded) for a process to disappear. Returns whether it did.
-fn wait_gone(pid: i32) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if !Path::new(&format!("/proc/{pid}")).exists()
-            || fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| st.contains(") Z "))
-        {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    false
-}
-
-/// Detaches whatever is still mounted at a path when dropped, so a failing test leaves no
-/// mount behind.
-struct MountDir(tempfile::TempDir);
-
-impl MountDir {
-    fn new() -> MountDir {
-        MountDir(tempfile::tempdir().unwrap())
-    }
-    fn path(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-impl Drop for MountDir {
-    fn drop(&mut self) {
-        if is_mounted(self.path()) {
-            let _ = Command::new("umount").arg("-l").arg(self.path()).status();
-        }
-    }
-}
-
 fn daemon_pid(o: &Output) -> i32 {
     let out = String::from_utf8_lossy(&o.stdout);
     let at = out.find("daemon pid ").expect("pid in mount output") + "daemon pid ".len();

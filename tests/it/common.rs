@@ -3,6 +3,8 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use shufflefs::dtype::ScalarType;
 use shufflefs::fs::ShuffleFs;
@@ -181,10 +183,82 @@ impl Drop for TestMount {
     }
 }
 
+/// How many mounts (a stack counts each) /proc/self/mountinfo lists at `path`.
+pub fn mount_entries(path: &Path) -> usize {
+    let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let target = canonical.to_str().unwrap();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == Some(target))
+        .count()
+}
+
 /// Whether `path` appears as a mount point in /proc/self/mountinfo.
 pub fn is_mounted(path: &Path) -> bool {
-    let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
-    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let target = canonical.to_str().unwrap();
-    table.lines().any(|l| l.split(' ').nth(4) == Some(target))
+    mount_entries(path) > 0
+}
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_shufflefs");
+
+/// Runs the binary with no stdin and without `RUST_LOG` (so its stderr is what the flags say).
+pub fn shufflefs(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Waits (bounded) for a process to disappear or become a zombie. Returns whether it did.
+pub fn wait_gone(pid: i32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if !Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|st| st.contains(") Z "))
+        {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+/// A directory used as a mount point by the binary under test: whatever is still mounted
+/// there (stale, live or stacked) is detached when it is dropped, so a failing test leaves no
+/// mount behind.
+pub struct MountDir(TempDir);
+
+impl MountDir {
+    pub fn new() -> MountDir {
+        MountDir(tempfile::tempdir().unwrap())
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for MountDir {
+    fn drop(&mut self) {
+        for _ in 0..10 {
+            if !is_mounted(self.path()) {
+                return;
+            }
+            if let Err(e) = shufflefs::mount::detach(self.path()) {
+                eprintln!("cannot detach {}: {e}", self.path().display());
+            }
+        }
+    }
 }

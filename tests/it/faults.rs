@@ -13,7 +13,7 @@ use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -504,33 +504,6 @@ const KILLS: usize = 20;
 /// for new requests, `ECONNABORTED` for those in flight when it died).
 const NOT_CONNECTED: [i32; 2] = [libc::ENOTCONN, libc::ECONNABORTED];
 
-/// A directory used as a mount point; whatever is still mounted there (stale or live) is
-/// detached when it is dropped, so a failing test leaves no mount behind.
-struct MountPointGuard(tempfile::TempDir);
-
-impl MountPointGuard {
-    fn new() -> MountPointGuard {
-        MountPointGuard(tempfile::tempdir().unwrap())
-    }
-
-    fn path(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-impl Drop for MountPointGuard {
-    fn drop(&mut self) {
-        for _ in 0..10 {
-            if !is_mounted(self.path()) {
-                return;
-            }
-            if let Err(e) = shufflefs::mount::detach(self.path()) {
-                eprintln!("cannot detach {}: {e}", self.path().display());
-            }
-        }
-    }
-}
-
 /// A daemon process, SIGKILLed and reaped when dropped.
 struct Daemon(Option<Child>);
 
@@ -565,19 +538,6 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn shufflefs(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shufflefs"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
 }
 
 /// Starts `shufflefs mount -f` with its log (stderr) in `log`, and waits until the mount
@@ -641,7 +601,7 @@ fn sigkilled_daemon_restarts_on_its_stale_mount() {
     let data = Positional::new(600_000, 256 << 10);
     let cfg = config(4097, 4096, 8, 2, 99, 2);
     let expected = Expected::build(&data, &cfg);
-    let mnt = MountPointGuard::new();
+    let mnt = MountDir::new();
     let logs = tempfile::tempdir().unwrap();
     let ds = data.path();
     let args = [
@@ -1102,7 +1062,7 @@ fn remount_after(mutation: Mutation, data: &Positional, target: &Target, expecte
         // Same size: not detected at mount (content hashes are not checked).
         Mutation::ReplaceSameSize | Mutation::OverwriteInPlace => return,
     };
-    let mnt = MountPointGuard::new();
+    let mnt = MountDir::new();
     let log = data.dir.path().join("remount.log");
     let ds = data.path();
     let o = shufflefs(&[
@@ -1254,7 +1214,7 @@ fn truncated_metadata_file_under_live_mount() {
     );
     m.unmount();
     assert!(!is_mounted(&root));
-    let mnt = MountPointGuard::new();
+    let mnt = MountDir::new();
     let o = shufflefs(&[
         "mount",
         s(&ds),

@@ -11,8 +11,6 @@ use tempfile::TempDir;
 
 use crate::common::*;
 
-const BIN: &str = env!("CARGO_BIN_EXE_shufflefs");
-
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
@@ -25,22 +23,6 @@ fn helper(args: &[&str]) -> Output {
         .stdin(Stdio::null())
         .output()
         .unwrap()
-}
-
-fn shufflefs(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 /// The command the helper prints with -v, without its `mount.fuse.shufflefs: BIN` prefix.

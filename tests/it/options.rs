@@ -6,55 +6,13 @@
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::*;
 
-fn shufflefs(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shufflefs"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-/// Mount-table entries at `path` (several when mounts are stacked).
-fn mount_entries(path: &Path) -> usize {
-    let target = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
-    let target = target.to_str().unwrap();
-    fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter(|l| l.split(' ').nth(4) == Some(target))
-        .count()
-}
-
-/// Waits (bounded) for a process to disappear. Returns whether it did.
-fn wait_gone(pid: i32) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if !Path::new(&format!("/proc/{pid}")).exists()
-            || fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| st.contains(") Z "))
-        {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    false
 }
 
 fn alive(pid: i32) -> bool {
@@ -70,30 +28,6 @@ fn daemon_pid(o: &Output) -> i32 {
         .unwrap()
         .parse()
         .unwrap()
-}
-
-/// A mount point that detaches everything still mounted there (stacked mounts included) when
-/// dropped, so a failing test leaves no mount behind.
-struct MountDir(tempfile::TempDir);
-
-impl MountDir {
-    fn new() -> MountDir {
-        MountDir(tempfile::tempdir().unwrap())
-    }
-    fn path(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-impl Drop for MountDir {
-    fn drop(&mut self) {
-        for _ in 0..8 {
-            if mount_entries(self.path()) == 0 {
-                break;
-            }
-            let _ = Command::new("umount").arg("-l").arg(self.path()).status();
-        }
-    }
 }
 
 /// A small positional dataset and the plan flags every test mounts it with.
