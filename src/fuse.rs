@@ -366,37 +366,6 @@ impl FuseAdapter {
         let Some(pool) = &self.pool else {
             unreachable!("Access::Any always reads");
         };
-        let slot = Arc::new(Mutex::new(Some(reply)));
-        let timeout = pool.timeout();
-        let on_timeout = {
-            let (fs, slot) = (self.fs.clone(), slot.clone());
-            move || {
-                let reply = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-                if let Some(reply) = reply {
-                    log::error!(
-                        "read ino={ino} node={:?} offset={offset} size={size} did not finish \
-                         within the {timeout:?} read deadline (--read-timeout): answered EIO",
-                        fs.node(ino).ok()
-                    );
-                    reply.error(Errno::from_i32(libc::EIO));
-                }
-            }
-        };
-        let work = {
-            let (fs, slot) = (self.fs.clone(), slot);
-            move || {
-                guarded("read", ino, || {
-                    with_scratch(|scratch| {
-                        let result = fs.read_data(ino, offset, size, scratch, Access::Any);
-                        // Taken only now: if the deadline passed meanwhile, EIO was sent.
-                        let reply = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-                        if let Some(reply) = reply {
-                            answer_read(&fs, ino, offset, size, result, scratch, reply);
-                        }
-                    })
-                })
-            }
-        };
         // Up to `threads - 1` FUSE threads read shards themselves (no hand-off); the last one
         // never does, so a stalled shard can block at most those, and `stat`, `ls` and other
         // steps keep being served while the pool takes the rest.
@@ -406,11 +375,69 @@ impl FuseAdapter {
                 (n < self.inline_limit).then_some(n + 1)
             })
             .is_ok();
+        let fs = self.fs.clone();
+        let what = move || {
+            format!(
+                "read ino={ino} node={:?} offset={offset} size={size}",
+                fs.node(ino).ok()
+            )
+        };
+        self.under_deadline(pool, inline, "read", ino, reply, what, move |fs, take| {
+            with_scratch(|scratch| {
+                let result = fs.read_data(ino, offset, size, scratch, Access::Any);
+                if let Some(reply) = take() {
+                    answer_read(fs, ino, offset, size, result, scratch, reply);
+                }
+            })
+        });
         if inline {
-            pool.run_here(work, on_timeout);
             self.inline_reads.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Runs `work` under the read deadline, on this thread (`inline`) or on the pool. `work`
+    /// does its reads, then calls `take` for the reply and answers with it; if the deadline
+    /// passes first, the watchdog takes the reply instead and answers `EIO` with a log line
+    /// naming `what`. Whoever takes the reply first answers; the other finds nothing.
+    #[allow(clippy::too_many_arguments)]
+    fn under_deadline<R: Answer>(
+        &self,
+        pool: &DeadlinePool,
+        inline: bool,
+        op: &'static str,
+        ino: u64,
+        reply: R,
+        what: impl FnOnce() -> String + Send + 'static,
+        work: impl FnOnce(&ShuffleFs, &dyn Fn() -> Option<R>) + Send + 'static,
+    ) {
+        let slot = Arc::new(Mutex::new(Some(reply)));
+        let timeout = pool.timeout();
+        let on_timeout = {
+            let slot = slot.clone();
+            move || {
+                let reply = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(reply) = reply {
+                    log::error!(
+                        "{} did not finish within the {timeout:?} read deadline \
+                         (--read-timeout): answered EIO",
+                        what()
+                    );
+                    reply.fail(Errno::from_i32(libc::EIO));
+                }
+            }
+        };
+        let fs = self.fs.clone();
+        let run = move || {
+            guarded(op, ino, || {
+                // Taken only after the work: if the deadline passed meanwhile, EIO was sent.
+                let take = || slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+                work(&fs, &take)
+            })
+        };
+        if inline {
+            pool.run_here(run, on_timeout);
         } else {
-            pool.submit(work, on_timeout);
+            pool.submit(run, on_timeout);
         }
     }
 
@@ -438,35 +465,14 @@ impl FuseAdapter {
         else {
             return answer(&self.fs, reply, self.fs.node_attr(node));
         };
-        let slot = Arc::new(Mutex::new(Some(reply)));
-        let timeout = pool.timeout();
-        let on_timeout = {
-            let slot = slot.clone();
-            move || {
-                let reply = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-                if let Some(reply) = reply {
-                    log::error!(
-                        "{op} of {node:?} did not finish within the {timeout:?} read deadline \
-                         (--read-timeout): answered EIO"
-                    );
-                    reply.fail(Errno::from_i32(libc::EIO));
-                }
+        let ino = self.fs.ino(node);
+        let what = move || format!("{op} of {node:?}");
+        self.under_deadline(pool, false, op, ino, reply, what, move |fs, take| {
+            let attr = fs.node_attr(node);
+            if let Some(reply) = take() {
+                answer(fs, reply, attr);
             }
-        };
-        let fs = self.fs.clone();
-        pool.submit(
-            move || {
-                guarded(op, 0, || {
-                    let attr = fs.node_attr(node);
-                    // Taken only now: if the deadline passed meanwhile, EIO was sent.
-                    let reply = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-                    if let Some(reply) = reply {
-                        answer(&fs, reply, attr);
-                    }
-                })
-            },
-            on_timeout,
-        );
+        });
     }
 
     fn ttl(a: &Attr) -> Duration {
@@ -541,6 +547,12 @@ trait Answer: Send + 'static {
 }
 
 impl Answer for ReplyEntry {
+    fn fail(self, errno: Errno) {
+        self.error(errno)
+    }
+}
+
+impl Answer for ReplyData {
     fn fail(self, errno: Errno) {
         self.error(errno)
     }
