@@ -30,7 +30,8 @@ pub const ALGORITHM: &str = "feistel-v1";
 /// Walks [`Permutation::apply_strided`] runs side by side.
 pub const LANES: usize = 8;
 
-const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+/// SplitMix64's increment (the golden ratio in 64 bits).
+pub const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// SplitMix64's output function: a fast, well-mixing bijection on u64.
 #[inline(always)]

@@ -199,6 +199,14 @@ pub fn is_mounted(path: &Path) -> bool {
     mount_entries(path) > 0
 }
 
+/// One SplitMix64 step: advances `state` and returns the next value (the same generator as
+/// `shufflefs::feistel::mix`, which is its output function).
+pub fn splitmix(state: &mut u64) -> u64 {
+    let current = *state;
+    *state = current.wrapping_add(shufflefs::feistel::GOLDEN);
+    shufflefs::feistel::mix(current)
+}
+
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_shufflefs");
 

@@ -39,7 +39,7 @@ use shufflefs::pack::{PackOptions, pack, pack_in_place, write_positional};
 use shufflefs::view::{Mode, View, ViewConfig};
 use tempfile::TempDir;
 
-use crate::common::is_mounted;
+use crate::common::{is_mounted, splitmix};
 
 const BASE_SEED: u64 = 0x5eed_c0de_0005;
 
@@ -63,11 +63,7 @@ struct Rng(u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        splitmix(&mut self.0)
     }
 
     fn below(&mut self, n: usize) -> usize {
