@@ -11,7 +11,7 @@
 //! - `fds`: bounded open descriptors (`--max-open-shards`) and shards replaced under them;
 //! - `inject`: faults injected behind the read path (EIO, short reads, stalls) with a read
 //!   deadline: errors within deadline + 1 s, never wrong bytes, the mount responsive;
-//! - `ops`: the mount(8) helper and the systemd units in mount/;
+//! - `ops`: the mount(8) helper and the systemd units in deploy/;
 //! - `options`: mount flags through the binary (fingerprint guard, ownership and modes,
 //!   --on-top, --read-timeout, --prefetch-workers);
 //! - `prefill`: the page-cache prefill (`--prefill`).

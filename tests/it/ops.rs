@@ -1,4 +1,4 @@
-//! Node operations (mount/): the mount(8) helper `mount.fuse.shufflefs`, run directly as
+//! Node operations (deploy/): the mount(8) helper `mount.fuse.shufflefs`, run directly as
 //! mount(8) would run it (never installed into /sbin), and the systemd unit files.
 
 use std::collections::BTreeSet;
@@ -17,7 +17,7 @@ fn repo(path: &str) -> PathBuf {
 
 /// Runs the helper with `SHUFFLEFS` pointing at the binary under test.
 fn helper(args: &[&str]) -> Output {
-    Command::new(repo("mount/mount.fuse.shufflefs"))
+    Command::new(repo("deploy/mount.fuse.shufflefs"))
         .args(args)
         .env("SHUFFLEFS", BIN)
         .stdin(Stdio::null())
@@ -225,7 +225,7 @@ fn helper_finds_shufflefs_through_path_or_says_why_not() {
     let link = bin_dir.path().join("shufflefs");
     std::os::unix::fs::symlink(BIN, &link).unwrap();
     let run = |path: &Path, shufflefs_env: Option<&str>| {
-        let mut cmd = Command::new(repo("mount/mount.fuse.shufflefs"));
+        let mut cmd = Command::new(repo("deploy/mount.fuse.shufflefs"));
         // mount(8) runs helpers with a cleaned environment.
         cmd.env_clear()
             .env("PATH", path)
@@ -411,8 +411,8 @@ fn mount_flags() -> BTreeSet<String> {
 
 #[test]
 fn systemd_units_have_their_keys_and_verify() {
-    let service = fs::read_to_string(repo("mount/shufflefs@.service")).unwrap();
-    let target = fs::read_to_string(repo("mount/shufflefs.target")).unwrap();
+    let service = fs::read_to_string(repo("deploy/shufflefs@.service")).unwrap();
+    let target = fs::read_to_string(repo("deploy/shufflefs.target")).unwrap();
     let unit = unit_section(&service, "Unit");
     let svc = unit_section(&service, "Service");
     let install = unit_section(&service, "Install");
@@ -453,7 +453,7 @@ fn systemd_units_have_their_keys_and_verify() {
     }
 
     // The example configuration defines what the unit uses, with real `shufflefs mount` flags.
-    let conf = fs::read_to_string(repo("mount/shufflefs.conf.example")).unwrap();
+    let conf = fs::read_to_string(repo("deploy/shufflefs.conf.example")).unwrap();
     let vars: Vec<(&str, &str)> = conf
         .lines()
         .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
@@ -495,7 +495,7 @@ fn systemd_units_have_their_keys_and_verify() {
 
 #[test]
 fn fstab_example_lines_translate_to_mount_flags() {
-    let fstab = fs::read_to_string(repo("mount/fstab.example")).unwrap();
+    let fstab = fs::read_to_string(repo("deploy/fstab.example")).unwrap();
     let help = mount_flags();
     let mut lines = 0;
     for line in fstab.lines() {
@@ -506,9 +506,20 @@ fn fstab_example_lines_translate_to_mount_flags() {
         let fields: Vec<&str> = entry.split_whitespace().collect();
         assert_eq!(fields.len(), 6, "{line}");
         assert_eq!(fields[2], "fuse.shufflefs", "{line}");
-        assert!(fields[3].starts_with("ro,"), "ro comes first: {line}");
         let o = helper(&["/data/ds", "/mnt/x", "-fv", "-o", fields[3]]);
+        assert!(o.status.success(), "{line}: {}", stderr(&o));
         let printed = printed_command(&o);
+        // fstab users write `defaults` (rw) as often as `ro`: both mean the same mount.
+        let rest = fields[3]
+            .split(',')
+            .filter(|o| !["ro", "rw", "defaults"].contains(o))
+            .collect::<Vec<_>>()
+            .join(",");
+        for first in ["ro", "rw", "defaults"] {
+            let o = helper(&["/data/ds", "/mnt/x", "-fv", "-o", &format!("{first},{rest}")]);
+            assert!(o.status.success(), "{first},{rest}: {}", stderr(&o));
+            assert_eq!(printed_command(&o), printed, "{first},{rest}");
+        }
         for flag in printed.split(' ').skip(3) {
             let name = flag.split('=').next().unwrap();
             assert!(help.contains(name), "{name} is not a mount flag");
@@ -516,4 +527,34 @@ fn fstab_example_lines_translate_to_mount_flags() {
         lines += 1;
     }
     assert!(lines >= 3);
+    // The header says what the helper does with ro/rw (it used to claim rw was refused).
+    let header: String = fstab.lines().filter(|l| !l.starts_with("#/")).collect();
+    assert!(
+        header.contains("`rw`") && !header.contains("refuse"),
+        "deploy/fstab.example must say rw is accepted: {header}"
+    );
+}
+
+/// The demo mounts over `mount/`: it holds nothing a mount would hide (the operations files
+/// live in `deploy/`).
+#[test]
+fn demo_mount_point_holds_only_its_placeholder() {
+    let names: Vec<String> = fs::read_dir(repo("mount"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != ".gitkeep")
+        .collect();
+    // A live demo mount hides the placeholder too: only an unmounted mount/ is checked.
+    if !is_mounted(&repo("mount")) {
+        assert!(names.is_empty(), "mount/ must stay empty: {names:?}");
+    }
+    for f in [
+        "mount.fuse.shufflefs",
+        "shufflefs@.service",
+        "shufflefs.target",
+        "fstab.example",
+        "shufflefs.conf.example",
+    ] {
+        assert!(repo("deploy").join(f).is_file(), "deploy/{f}");
+    }
 }
