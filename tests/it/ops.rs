@@ -558,3 +558,38 @@ fn demo_mount_point_holds_only_its_placeholder() {
         assert!(repo("deploy").join(f).is_file(), "deploy/{f}");
     }
 }
+
+/// The README's training loop reads each step into a buffer no earlier batch points into: the
+/// buffer passed to `readinto` is created inside the step loop (a batch still in use by an
+/// asynchronous copy or a prefetch thread is never overwritten by the next read).
+#[test]
+fn readme_training_loop_never_refills_a_buffer_in_use() {
+    let readme = fs::read_to_string(repo("README.md")).unwrap();
+    let block = readme
+        .split("```python")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .find(|b| b.contains("readinto("))
+        .expect("README has a training loop with readinto");
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let lines: Vec<&str> = block.lines().collect();
+    let step_loop = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with("for step in"))
+        .expect("a step loop");
+    let read = lines
+        .iter()
+        .position(|l| l.contains(".readinto("))
+        .unwrap();
+    let name = lines[read].split(".readinto(").nth(1).unwrap();
+    let name = name.split(')').next().unwrap().trim();
+    let assigned = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with(&format!("{name} = ")))
+        .unwrap_or_else(|| panic!("{name} is assigned in the README loop"));
+    assert!(
+        assigned > step_loop && indent(lines[assigned]) > indent(lines[step_loop]),
+        "`{}` must be created inside the step loop, not reused across steps",
+        lines[assigned].trim()
+    );
+}
