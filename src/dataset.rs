@@ -403,6 +403,16 @@ impl Dataset {
                 None => Arc::new(file),
             }
         };
+        // Shards are read at random: advised at open, and again at every reopen by the pool.
+        let shard_source = |path: &Path, file: File, meta: &std::fs::Metadata| -> Arc<dyn ReadAt> {
+            crate::fdpool::advise_random(&file);
+            match &pool {
+                Some(pool) => {
+                    Arc::new(PinnedFile::new(pool, path.to_path_buf(), file, meta).random_access())
+                }
+                None => Arc::new(file),
+            }
+        };
         let mut shards = Vec::with_capacity(manifest.shards.len());
         for entry in &manifest.shards {
             let path = dir.join(&entry.path);
@@ -427,15 +437,7 @@ impl Dataset {
                     ),
                 ));
             }
-            // Reads are random: tell the kernel not to read ahead. Advisory, so failure is
-            // harmless.
-            let _ = nix::fcntl::posix_fadvise(
-                &file,
-                0,
-                0,
-                nix::fcntl::PosixFadviseAdvice::POSIX_FADV_RANDOM,
-            );
-            let shard_source = source(&path, file, &meta);
+            let shard_source = shard_source(&path, file, &meta);
             let mut shard = Shard::new(path, entry.bytes, shard_source);
             let open = |name: &str, want: Option<u64>| -> Result<Shard> {
                 let path = dir.join(name);

@@ -8,7 +8,8 @@
 //! fails with its open error (`ENOENT`, served as `EIO`); one replaced (renamed over, rewritten
 //! with another size or mtime) fails with `ESTALE`. Either way no byte of another file is ever
 //! served. A dataset that fits the bound keeps every descriptor open for the life of the mount,
-//! with no lock on the read path (`dataset.rs` decides).
+//! with no lock on the read path (`dataset.rs` decides). A reopened shard gets the same
+//! `POSIX_FADV_RANDOM` advice as at mount (the advice belongs to the open file, not the inode).
 
 use std::fs::{File, Metadata};
 use std::io;
@@ -96,6 +97,19 @@ pub struct PinnedFile {
     id: usize,
     path: PathBuf,
     identity: Identity,
+    /// Reads are random: advise `POSIX_FADV_RANDOM` on every open (shards).
+    random: bool,
+}
+
+/// Tells the kernel not to read ahead around reads of `file` (shard reads are random).
+/// Advisory: a failure is harmless.
+pub fn advise_random(file: &File) {
+    let _ = nix::fcntl::posix_fadvise(
+        file,
+        0,
+        0,
+        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_RANDOM,
+    );
 }
 
 impl PinnedFile {
@@ -108,7 +122,14 @@ impl PinnedFile {
             id,
             path,
             identity: Identity::of(meta),
+            random: false,
         }
+    }
+
+    /// Advises `POSIX_FADV_RANDOM` on every reopen (the caller advised the first open).
+    pub fn random_access(mut self) -> PinnedFile {
+        self.random = true;
+        self
     }
 
     fn file(&self) -> io::Result<Arc<File>> {
@@ -127,6 +148,9 @@ impl PinnedFile {
                 self.path.display()
             );
             return Err(io::Error::from_raw_os_error(libc::ESTALE));
+        }
+        if self.random {
+            advise_random(&file);
         }
         let file = Arc::new(file);
         self.pool.reopened.fetch_add(1, Ordering::Relaxed);
