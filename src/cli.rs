@@ -3,10 +3,47 @@
 
 use std::path::PathBuf;
 
+use clap::builder::RangedU64ValueParser;
 use clap::{Args, Parser, Subcommand};
 
 const PLAN_HEADING: &str = "Plan options (must match between mount and plan)";
 const MOUNT_HEADING: &str = "Mount options";
+
+// Every numeric flag is bounded to what it can mean; clap names the range in its error
+// (`0 is not in 1..=256`). Values inside the bounds can still be refused for a given dataset
+// (a window longer than the data, too many files to number).
+
+/// Most tokens per row (`--window`; a row must also stay under 4 GiB).
+pub const MAX_WINDOW: u64 = u32::MAX as u64;
+/// Most rows per step file (`--batch-size`).
+pub const MAX_BATCH_SIZE: u64 = 1 << 20;
+/// Most ranks (`--ranks`).
+pub const MAX_RANKS: u64 = 1 << 20;
+/// Most epochs (`--epochs`).
+pub const MAX_EPOCHS: u64 = 1_000_000;
+/// Most FUSE threads and prefetch workers (more only add contention: the kernel serves one
+/// queue).
+pub const MAX_THREADS: u64 = 256;
+/// Most dataset files open at once (`--max-open-shards`; the open-file limit lowers it).
+pub const MAX_OPEN_FILES: u64 = 1 << 20;
+/// Most tokens `synth` writes (4 TiB of u32).
+pub const MAX_SYNTH_TOKENS: u64 = 1 << 40;
+/// Most reader threads of `bench`.
+pub const MAX_BENCH_READERS: u64 = 1024;
+/// Longest pause of `bench --pace-us` (a minute).
+pub const MAX_PACE_US: u64 = 60_000_000;
+
+fn ranged(lo: u64, hi: u64) -> RangedU64ValueParser<u64> {
+    RangedU64ValueParser::new().range(lo..=hi)
+}
+
+fn ranged_usize(lo: u64, hi: u64) -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::new().range(lo..=hi)
+}
+
+fn ranged_u32(lo: u64, hi: u64) -> RangedU64ValueParser<u32> {
+    RangedU64ValueParser::new().range(lo..=hi)
+}
 
 /// shufflefs: globally shuffled, rank-partitioned training batches as plain .npy files.
 #[derive(Debug, Parser)]
@@ -80,22 +117,22 @@ pub struct PackArgs {
 #[derive(Debug, Args, Clone)]
 pub struct PlanOptions {
     /// Tokens per observation (row). For next-token training use T+1 with --stride T.
-    #[arg(long, help_heading = PLAN_HEADING)]
+    #[arg(long, value_parser = ranged(1, MAX_WINDOW), help_heading = PLAN_HEADING)]
     pub window: u64,
     /// Tokens between observation starts [default: --window].
-    #[arg(long, help_heading = PLAN_HEADING)]
+    #[arg(long, value_parser = ranged(1, u64::MAX), help_heading = PLAN_HEADING)]
     pub stride: Option<u64>,
     /// Rows per step file, per rank.
-    #[arg(long, help_heading = PLAN_HEADING)]
+    #[arg(long, value_parser = ranged(1, MAX_BATCH_SIZE), help_heading = PLAN_HEADING)]
     pub batch_size: u64,
     /// Number of ranks (data-parallel processes).
-    #[arg(long, default_value_t = 1, help_heading = PLAN_HEADING)]
+    #[arg(long, default_value_t = 1, value_parser = ranged(1, MAX_RANKS), help_heading = PLAN_HEADING)]
     pub ranks: u64,
     /// Shuffle seed.
     #[arg(long, default_value_t = 0, help_heading = PLAN_HEADING)]
     pub seed: u64,
     /// Number of epochs exposed under epoch/.
-    #[arg(long, default_value_t = 1, help_heading = PLAN_HEADING)]
+    #[arg(long, default_value_t = 1, value_parser = ranged(1, MAX_EPOCHS), help_heading = PLAN_HEADING)]
     pub epochs: u64,
     /// stream: rows are windows of the token stream; documents: rows are documents, truncated
     /// or padded to --window.
@@ -129,8 +166,9 @@ pub struct MountArgs {
     /// Stay attached to the terminal (logs on stderr; Ctrl-C unmounts).
     #[arg(long, short = 'f', help_heading = MOUNT_HEADING)]
     pub foreground: bool,
-    /// FUSE worker threads [default: number of cores + 1; one of them never reads shards].
-    #[arg(long, help_heading = MOUNT_HEADING)]
+    /// FUSE worker threads [default: number of cores + 1, at most 256; one of them never
+    /// reads shards].
+    #[arg(long, value_parser = ranged_usize(1, MAX_THREADS), help_heading = MOUNT_HEADING)]
     pub threads: Option<usize>,
     /// Let other users read the mount (allow_other; the kernel checks the mode bits, as on
     /// every shufflefs mount).
@@ -144,7 +182,7 @@ pub struct MountArgs {
     #[arg(long, default_value = "256MiB", help_heading = MOUNT_HEADING)]
     pub cache_size: String,
     /// Steps each rank's reader is followed ahead by background assembly (0 disables).
-    #[arg(long, default_value_t = 4, help_heading = MOUNT_HEADING)]
+    #[arg(long, default_value_t = 4, value_parser = ranged(0, crate::prefetch::MAX_DEPTH), help_heading = MOUNT_HEADING)]
     pub prefetch_depth: u64,
     /// Benchmarking only: answer every step read from one in-memory file (wrong data!) to
     /// measure FUSE's own ceiling.
@@ -152,7 +190,7 @@ pub struct MountArgs {
     pub stub_reads: bool,
     /// Threads assembling prefetched steps. On a node whose cores are all busy reading, more
     /// workers only compete with the readers.
-    #[arg(long, default_value_t = 1, help_heading = MOUNT_HEADING)]
+    #[arg(long, default_value_t = 1, value_parser = ranged_usize(0, MAX_THREADS), help_heading = MOUNT_HEADING)]
     pub prefetch_workers: usize,
     /// Refuse to mount unless the mount's fingerprint (info.json) is HEX: the guard for
     /// resuming a checkpoint with exactly the data order it was trained with.
@@ -163,10 +201,10 @@ pub struct MountArgs {
     #[arg(long, value_name = "SECS", default_value = "30", help_heading = MOUNT_HEADING)]
     pub read_timeout: String,
     /// Owner of the files [default: the mounting user].
-    #[arg(long, help_heading = MOUNT_HEADING)]
+    #[arg(long, value_parser = ranged_u32(0, u64::from(u32::MAX) - 1), help_heading = MOUNT_HEADING)]
     pub uid: Option<u32>,
     /// Group of the files [default: the mounting user's group].
-    #[arg(long, help_heading = MOUNT_HEADING)]
+    #[arg(long, value_parser = ranged_u32(0, u64::from(u32::MAX) - 1), help_heading = MOUNT_HEADING)]
     pub gid: Option<u32>,
     /// Permission bits of files, octal (write bits are not allowed).
     #[arg(long, value_name = "OCTAL", default_value = "0444", help_heading = MOUNT_HEADING)]
@@ -188,9 +226,9 @@ pub struct MountArgs {
     pub prefill: bool,
     /// Most dataset files (shards, checksum and document files) kept open at once; beyond it
     /// files are reopened on demand and must still be the files validated at mount (ESTALE
-    /// otherwise).
-    #[arg(long, value_name = "N", default_value_t = crate::fdpool::DEFAULT_MAX_OPEN, help_heading = MOUNT_HEADING)]
-    pub max_open_shards: usize,
+    /// otherwise) [default: 4096, or what the open-file limit leaves].
+    #[arg(long, value_name = "N", value_parser = ranged_usize(1, MAX_OPEN_FILES), help_heading = MOUNT_HEADING)]
+    pub max_open_shards: Option<usize>,
 }
 
 /// `shufflefs unmount`.
@@ -260,7 +298,7 @@ pub struct SynthArgs {
     /// The raw token file to write.
     pub output: PathBuf,
     /// Number of tokens.
-    #[arg(long)]
+    #[arg(long, value_parser = ranged(1, MAX_SYNTH_TOKENS))]
     pub tokens: u64,
     /// Token type: u8 u16 u32 u64 i32 i64.
     #[arg(long, default_value = "u32")]
@@ -293,10 +331,10 @@ pub struct BenchArgs {
     #[arg(long)]
     pub mountpoint: Option<PathBuf>,
     /// Reader threads.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = ranged_usize(1, MAX_BENCH_READERS))]
     pub readers: usize,
     /// Step files to read, in (epoch, step, rank) order, split round-robin over readers.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = ranged(1, u64::MAX))]
     pub files: u64,
     /// Start this many step files into that order (so repeated runs read files no earlier run
     /// read, as a trainer would).
@@ -307,7 +345,7 @@ pub struct BenchArgs {
     pub file: BenchFile,
     /// Pause this many microseconds after each file (a trainer computing on the batch); the
     /// output then reports read latency percentiles.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = ranged(0, MAX_PACE_US))]
     pub pace_us: u64,
     /// With a `--prefill` mount: after each read the daemon hears of (the first, and every
     /// prefill trigger step), pause 40 ms so it stores the next steps, and time only the reads

@@ -100,6 +100,25 @@ impl Error {
         }
     }
 
+    /// The file involved, if any.
+    pub fn path(&self) -> Option<&std::path::Path> {
+        match self {
+            Error::Dataset { path, .. }
+            | Error::ShortRead { path, .. }
+            | Error::Io { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+
+    /// What a log line about this error repeats per (`op`, errno, file): the key of the
+    /// rate limit on repeated log lines (`logging.rs`).
+    pub fn cause(&self, op: &str) -> String {
+        match self.path() {
+            Some(path) => format!("{op} errno {} {}", self.errno(), path.display()),
+            None => format!("{op} errno {}", self.errno()),
+        }
+    }
+
     /// How loudly the FUSE adapter logs this error. Name probing (`ENOENT`) and write attempts
     /// are normal traffic from shells and tools; data errors are not.
     pub fn level(&self) -> log::Level {

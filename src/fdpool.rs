@@ -142,7 +142,9 @@ impl PinnedFile {
             .open(&self.path)?;
         let meta = file.metadata()?;
         if !meta.is_file() || Identity::of(&meta) != self.identity {
-            log::error!(
+            crate::log_limited!(
+                log::Level::Error,
+                format_args!("reopen ESTALE {}", self.path.display()),
                 "{} is no longer the file validated at mount (device, inode, size or mtime \
                  changed): answering ESTALE; remount to serve the new dataset",
                 self.path.display()

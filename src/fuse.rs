@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -15,7 +15,7 @@ use fuser::{
     KernelConfig, LockOwner, Notifier, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyOpen, ReplyStatfs, Request,
 };
-use log::{debug, log};
+use log::debug;
 
 use crate::deadline::DeadlinePool;
 use crate::error::Error;
@@ -29,7 +29,7 @@ const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Most threads reading shards at once: stalled reads hold threads, and this many leave room
 /// for the rest (a request waits in the queue beyond it, still under its deadline).
-const MAX_IO_THREADS: usize = 64;
+pub const MAX_IO_THREADS: usize = 64;
 
 /// Runs a request handler; a panic is answered with `EIO` (the reply is dropped while
 /// unwinding, and fuser answers an unanswered request with `EIO`) and logged, so a bug in one
@@ -41,7 +41,11 @@ fn guarded(op: &str, ino: u64, handler: impl FnOnce()) {
             .map(|s| s.to_string())
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "unknown panic".into());
-        log::error!("{op} ino={ino} panicked ({what}): answered EIO; please report this bug");
+        crate::log_limited!(
+            log::Level::Error,
+            format_args!("{op} panicked"),
+            "{op} ino={ino} panicked ({what}): answered EIO; please report this bug"
+        );
     }
 }
 
@@ -138,7 +142,25 @@ pub struct KernelCache {
     steps_per_epoch: u64,
     stored: Mutex<HashMap<u64, Stored>>,
     counters: PrefillCounters,
+    /// Stores in flight, and whether stores are stopped (before an unmount).
+    stores: Mutex<Stores>,
+    stores_done: Condvar,
 }
+
+#[derive(Debug, Default)]
+struct Stores {
+    in_flight: u32,
+    stopped: bool,
+}
+
+/// Names the daemon answers in the mount's root for `shufflefs unmount`, from root or the
+/// daemon's user only (always `ENOENT`, never listed, never cached): looking up
+/// [`QUIESCE_NAME`] stops prefill stores and returns once none is in flight, so the daemon
+/// itself holds no path in its mount when the unmount comes; [`RESUME_NAME`] starts them
+/// again after an unmount that failed (busy).
+pub const QUIESCE_NAME: &str = ".shufflefs-quiesce";
+/// See [`QUIESCE_NAME`].
+pub const RESUME_NAME: &str = ".shufflefs-resume";
 
 /// A step file believed to be in the page cache.
 #[derive(Clone, Copy, Debug)]
@@ -184,7 +206,31 @@ impl KernelCache {
             steps_per_epoch: fs.view().plan().steps_per_epoch(),
             stored: Mutex::new(HashMap::new()),
             counters: PrefillCounters::default(),
+            stores: Mutex::new(Stores::default()),
+            stores_done: Condvar::new(),
         }
+    }
+
+    fn stores(&self) -> std::sync::MutexGuard<'_, Stores> {
+        self.stores.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stops prefill stores (each looks its file up through the mount, which makes an unmount
+    /// fail `EBUSY` while it runs) and waits, at most `max_wait`, until none is in flight.
+    /// Returns whether none is.
+    pub fn stop(&self, max_wait: Duration) -> bool {
+        let mut stores = self.stores();
+        stores.stopped = true;
+        let (stores, _) = self
+            .stores_done
+            .wait_timeout_while(stores, max_wait, |s| s.in_flight > 0)
+            .unwrap_or_else(|p| p.into_inner());
+        stores.in_flight == 0
+    }
+
+    /// Starts prefill stores again (after an unmount that failed).
+    pub fn resume(&self) {
+        self.stores().stopped = false;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Stored>> {
@@ -260,6 +306,13 @@ impl Prefill for KernelCache {
             "epoch/{}/rank/{}/step/{}.npy",
             key.epoch, key.rank, key.step
         ));
+        {
+            let mut stores = self.stores();
+            if stores.stopped {
+                return false;
+            }
+            stores.in_flight += 1;
+        }
         let trigger = trigger && bytes.len() > PAGE;
         let len = if trigger {
             (bytes.len() - 1) / PAGE * PAGE
@@ -269,6 +322,13 @@ impl Prefill for KernelCache {
         // The lookup makes the kernel hold the inode (a cached dentry costs nothing).
         let result = std::fs::symlink_metadata(&path)
             .and_then(|_| self.notifier.store(INodeNo(ino), 0, &bytes[..len]));
+        {
+            let mut stores = self.stores();
+            stores.in_flight -= 1;
+            if stores.in_flight == 0 {
+                self.stores_done.notify_all();
+            }
+        }
         match result {
             Ok(()) => {
                 let stored = Stored {
@@ -336,6 +396,33 @@ impl FuseAdapter {
     /// The filesystem (shared with the session).
     pub fn fs(&self) -> &Arc<ShuffleFs> {
         &self.fs
+    }
+
+    /// A lookup of [`QUIESCE_NAME`] or [`RESUME_NAME`]: answered `ENOENT` once done. The wait
+    /// for stores in flight runs on its own thread: a store's lookup needs a FUSE thread.
+    fn control(&self, quiesce: bool, reply: ReplyEntry) {
+        let Some(kernel) = self.prefill.get().cloned() else {
+            return reply.error(Errno::from_i32(libc::ENOENT));
+        };
+        if !quiesce {
+            kernel.resume();
+            debug!("prefill stores resumed");
+            return reply.error(Errno::from_i32(libc::ENOENT));
+        }
+        let wait = move || {
+            if kernel.stop(Duration::from_secs(5)) {
+                debug!("prefill stores stopped for an unmount");
+            } else {
+                log::warn!("prefill stores still in flight after 5 s; the unmount may be busy");
+            }
+            reply.error(Errno::from_i32(libc::ENOENT));
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("quiesce".into())
+            .spawn(wait)
+        {
+            log::warn!("cannot start a thread to stop prefill stores: {e}");
+        }
     }
 
     /// Where `mount.rs` puts the page-cache prefill once the session exists.
@@ -417,7 +504,9 @@ impl FuseAdapter {
             move || {
                 let reply = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
                 if let Some(reply) = reply {
-                    log::error!(
+                    crate::log_limited!(
+                        log::Level::Error,
+                        format_args!("{op} deadline EIO"),
                         "{} did not finish within the {timeout:?} read deadline \
                          (--read-timeout): answered EIO",
                         what()
@@ -503,8 +592,9 @@ fn answer_read(
         Ok(ReadData::Shared(bytes, range)) => reply.data(&bytes[range]),
         Ok(ReadData::NeedsShards) => reply.error(Errno::from_i32(libc::EIO)),
         Err(e) => {
-            log!(
+            crate::log_limited!(
                 e.level(),
+                e.cause("read"),
                 "read ino={ino} node={:?} offset={offset} size={size} failed with errno {}: {e}",
                 fs.node(ino).ok(),
                 e.errno()
@@ -572,8 +662,9 @@ fn file_type(kind: Kind) -> FileType {
 }
 
 fn fail(op: &str, ino: u64, e: &Error) -> Errno {
-    log!(
+    crate::log_limited!(
         e.level(),
+        e.cause(op),
         "{op} ino={ino} failed with errno {}: {e}",
         e.errno()
     );
@@ -620,7 +711,13 @@ impl Filesystem for FuseAdapter {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if parent.0 == crate::fs::ROOT_INO
+            && (name == QUIESCE_NAME || name == RESUME_NAME)
+            && (req.uid() == 0 || req.uid() == nix::unistd::geteuid().as_raw())
+        {
+            return self.control(name == QUIESCE_NAME, reply);
+        }
         guarded("lookup", parent.0, || {
             let node = match self.fs.lookup_node(parent.0, name) {
                 Ok(node) => node,

@@ -18,7 +18,8 @@ use log::{info, warn};
 
 use crate::error::{Error, Result};
 use crate::fs::ShuffleFs;
-use crate::fuse::{FuseAdapter, KernelCache, Ownership};
+use crate::fuse::{FuseAdapter, KernelCache, Ownership, QUIESCE_NAME, RESUME_NAME};
+use crate::logging::user_name;
 
 /// The prefix of a shufflefs mount's source in the mount table (`shufflefs:/path/to/dataset`):
 /// how a live or stale shufflefs mount is recognised.
@@ -80,12 +81,51 @@ pub struct Mounted {
     source: String,
     unmounter: Option<SessionUnmounter>,
     thread: Option<JoinHandle<io::Result<()>>>,
+    /// The page-cache prefill, stopped before unmounting (its stores look files up through
+    /// the mount, which makes the unmount fail `EBUSY` while they run).
+    prefill: Option<Arc<KernelCache>>,
+}
+
+/// The FUSE device every mount needs read-write.
+pub const FUSE_DEVICE: &str = "/dev/fuse";
+
+/// Checks that this user can open [`FUSE_DEVICE`]; the error names it and the fixes.
+pub fn check_fuse_device() -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(FUSE_DEVICE)
+    {
+        Ok(_) => Ok(()),
+        Err(e) => Err(fuse_device_error(&e)),
+    }
+}
+
+fn fuse_device_error(e: &io::Error) -> Error {
+    let user = user_name(nix::unistd::geteuid().as_raw());
+    let fix = match e.kind() {
+        io::ErrorKind::NotFound => "the fuse module is not loaded or the device was not \
+             created: run `modprobe fuse` as root, or install fuse3; in a container, pass the \
+             device in (docs/OPERATIONS.md, section Containers)"
+            .to_string(),
+        io::ErrorKind::PermissionDenied => format!(
+            "user {user} may not open it read-write (`ls -l {FUSE_DEVICE}` shows who may): give \
+             it the mode fuse3 installs (`chmod 0666 {FUSE_DEVICE}` as root) or add {user} to \
+             the group that owns it, or mount as root; in a container, see \
+             docs/OPERATIONS.md, section Containers"
+        ),
+        _ => "every FUSE mount needs it (docs/OPERATIONS.md, section Containers)".to_string(),
+    };
+    Error::invalid(format!("cannot open {FUSE_DEVICE} ({e}): {fix}"))
 }
 
 /// Mounts `fs` at `mountpoint` and serves it from background threads. Returns once the mount
 /// is ready. Clears a stale mount at `mountpoint` first and refuses a live shufflefs mount.
 pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result<Mounted> {
     let mountpoint = prepare_mountpoint(mountpoint, options.on_top)?;
+    check_fuse_device()?;
     let mtime = fs::metadata(fs.view().dataset().dir().join(crate::format::MANIFEST))
         .and_then(|m| m.modified())
         .unwrap_or(UNIX_EPOCH);
@@ -141,6 +181,7 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
         let unmounter = session.unmount_callable();
         (session, Some(unmounter))
     };
+    let mut prefill_target = None;
     if options.prefill {
         match shared_fs.prefetcher() {
             Some(prefetcher) => {
@@ -150,7 +191,8 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
                     &shared_fs,
                 ));
                 prefetcher.set_prefill(kernel.clone());
-                let _ = prefill_slot.set(kernel);
+                let _ = prefill_slot.set(kernel.clone());
+                prefill_target = Some(kernel);
                 info!("prefill: prefetched step files are pushed into the page cache");
             }
             None => warn!("--prefill needs the step cache and prefetch; it is off for this mount"),
@@ -175,6 +217,7 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
         source,
         unmounter,
         thread: Some(thread),
+        prefill: prefill_target,
     })
 }
 
@@ -224,6 +267,9 @@ impl Mounted {
             None => m.source == self.source,
         };
         let still_ours = || find_mount(&self.mountpoint).is_ok_and(|m| m.is_some_and(|m| ours(&m)));
+        if !ended && let Some(kernel) = &self.prefill {
+            kernel.stop(Duration::from_secs(5));
+        }
         // Once the session has ended (someone unmounted us), the mount is gone: never touch
         // the mount point again, a newer mount may live there now.
         if !ended {
@@ -331,6 +377,8 @@ pub struct MountEntry {
     pub fstype: String,
     /// Source (`shufflefs:/path/to/dataset` for shufflefs).
     pub source: String,
+    /// The user who mounted it (a FUSE mount's `user_id=` option), when known.
+    pub owner: Option<u32>,
 }
 
 impl MountEntry {
@@ -411,10 +459,16 @@ pub fn mount_stack(mountpoint: &Path) -> Result<Vec<MountEntry>> {
             continue;
         };
         if fields.len() > dash + 2 && fields.len() > 4 && unescape(fields[4]) == target {
+            let owner = fields.get(dash + 3).and_then(|options| {
+                options
+                    .split(',')
+                    .find_map(|o| o.strip_prefix("user_id=")?.parse().ok())
+            });
             found.push(MountEntry {
                 id: fields[0].parse().unwrap_or(0),
                 fstype: fields[dash + 1].to_string(),
                 source: String::from_utf8_lossy(&unescape(fields[dash + 2])).into_owned(),
+                owner,
             });
         }
     }
@@ -576,11 +630,13 @@ pub fn detach(mountpoint: &Path) -> Result<()> {
 }
 
 /// Unmounts `mountpoint` (for `shufflefs unmount`): a plain unmount that fails if the mount is
-/// busy, or a lazy detach when `lazy`.
+/// busy, or a lazy detach when `lazy`. Before a plain unmount the daemon is asked to stop its
+/// prefill stores ([`QUIESCE_NAME`]), which look files up through the mount and would make it
+/// busy; they start again if the unmount fails.
 pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<()> {
     let abs = absolute_mountpoint(mountpoint)?;
     // Decide from the mount table alone: probing a hung daemon would hang here too.
-    match find_mount(&abs)? {
+    let entry = match find_mount(&abs)? {
         None => {
             return Err(Error::invalid(format!("{} is not mounted", abs.display())));
         }
@@ -592,12 +648,32 @@ pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<()> {
                 entry.source
             )));
         }
-        Some(_) => {}
+        Some(entry) => entry,
+    };
+    let me = nix::unistd::getuid().as_raw();
+    if !nix::unistd::geteuid().is_root()
+        && let Some(owner) = entry.owner.filter(|o| *o != me)
+    {
+        let dataset = entry
+            .source
+            .strip_prefix(SOURCE_PREFIX)
+            .unwrap_or(&entry.source);
+        return Err(Error::invalid(format!(
+            "{} is a shufflefs mount of {dataset} made by {} (uid {owner}); you are {} (uid \
+             {me}): only its owner or root can unmount it. Run `sudo shufflefs unmount {}`, \
+             or ask {} to",
+            abs.display(),
+            user_name(owner),
+            user_name(me),
+            abs.display(),
+            user_name(owner)
+        )));
     }
     if lazy {
         return detach(&abs);
     }
-    match nix::mount::umount(&abs) {
+    control(&abs, QUIESCE_NAME)?;
+    let result = match nix::mount::umount(&abs) {
         Ok(()) => Ok(()),
         Err(nix::errno::Errno::EPERM) => fusermount(&abs, &["-u"]),
         Err(nix::errno::Errno::EBUSY) => Err(Error::invalid(format!(
@@ -606,6 +682,39 @@ pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<()> {
             abs.display()
         ))),
         Err(e) => Err(Error::io(&abs, e.into())),
+    };
+    if result.is_err() {
+        let _ = control(&abs, RESUME_NAME);
+    }
+    result
+}
+
+/// Looks up the control name `name` in the mount's root (see [`QUIESCE_NAME`]): returns once
+/// the daemon has answered (its answer is always "no such file"; a dead mount's, or a refusal
+/// to a user without access, changes nothing). From a thread with a timeout: a hung daemon is
+/// an error that says what to do.
+fn control(mountpoint: &Path, name: &str) -> Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = mountpoint.join(name);
+    let Ok(probe) = std::thread::Builder::new()
+        .name("unmount-control".into())
+        .spawn(move || {
+            let _ = tx.send(fs::symlink_metadata(&path).map(|_| ()));
+        })
+    else {
+        return Ok(());
+    };
+    match rx.recv_timeout(PROBE_TIMEOUT) {
+        Ok(_) => {
+            let _ = probe.join();
+            Ok(())
+        }
+        Err(_) => Err(Error::invalid(format!(
+            "{}: the shufflefs daemon does not answer (it hangs); unmount with `shufflefs \
+             unmount --lazy {}`",
+            mountpoint.display(),
+            mountpoint.display()
+        ))),
     }
 }
 

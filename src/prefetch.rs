@@ -24,7 +24,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use log::{trace, warn};
+use log::trace;
 use lru::LruCache;
 
 use crate::cache::StepCache;
@@ -57,6 +57,11 @@ impl Default for PrefetchConfig {
         }
     }
 }
+
+/// Most steps a hint looks ahead, whatever the configured depth (`--prefetch-depth` is bounded
+/// to it as well): the work of one hint, under the prefetcher's lock, and the queue stay
+/// bounded. Deeper would only evict prefetched steps before they are read.
+pub const MAX_DEPTH: u64 = 1024;
 
 /// How many recently read steps the prefetcher remembers, node-wide: steps within that many
 /// reads of their reading are not prefetched again (a job restarted from an earlier checkpoint
@@ -118,13 +123,14 @@ pub trait Prefill: Send + Sync {
 pub const PREFILL_DEPTH: u64 = 48;
 
 impl Shared {
-    /// The prefetch depth: deeper with prefill.
+    /// The prefetch depth: deeper with prefill; never beyond [`MAX_DEPTH`].
     fn depth_now(&self) -> u64 {
-        if self.prefill.get().is_some() {
+        let depth = if self.prefill.get().is_some() {
             self.depth.max(PREFILL_DEPTH)
         } else {
             self.depth
-        }
+        };
+        depth.min(MAX_DEPTH)
     }
 }
 
@@ -191,7 +197,9 @@ impl Prefetcher {
             plan,
             depth: config.depth,
             // Enough for every worker's share of a few readers' windows.
-            max_queue: (config.depth as usize).saturating_mul(64).max(16),
+            max_queue: (config.depth.min(MAX_DEPTH) as usize)
+                .saturating_mul(64)
+                .max(16),
             prefill: OnceLock::new(),
         });
         let workers = (0..config.workers)
@@ -508,7 +516,11 @@ fn assemble(s: &Shared, key: StepKey) {
                         .counters
                         .prefetch_failed
                         .fetch_add(1, Ordering::Relaxed);
-                    warn!("prefetch of {key:?} failed (the reader will retry): {e}");
+                    crate::log_limited!(
+                        log::Level::Warn,
+                        e.cause("prefetch"),
+                        "prefetch of {key:?} failed (the reader will retry): {e}"
+                    );
                     None
                 }
             }
@@ -660,6 +672,42 @@ mod tests {
         drop(guard);
         assert!(!cache.contains(key(0, 1)));
         assert_eq!(cache.stats().prefetched, 4);
+    }
+
+    #[test]
+    fn a_hint_does_bounded_work_whatever_the_depth() {
+        // --prefetch-depth 2^64-1 over 10^12 epochs: the hint used to walk `depth` steps under
+        // the lock (and queue up to depth * 64 of them). The watchdog only turns a hang into a
+        // failure; the assertion is on the count.
+        let plan = Plan::new(100, 5, 2, 0, 1_000_000_000_000).unwrap();
+        let cache = Arc::new(StepCache::new(8, 3));
+        let render: Box<Render> = Box::new(|k: StepKey, buf: &mut [u8]| {
+            buf.fill(k.step as u8);
+            Ok(())
+        });
+        let config = PrefetchConfig {
+            depth: u64::MAX,
+            workers: 0,
+            adaptive: false,
+        };
+        let p = Arc::new(Prefetcher::new(config, plan, cache.clone(), render));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let hinting = p.clone();
+        std::thread::spawn(move || {
+            hinting.hint(key(0, 0));
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("the hint returns (bounded work)");
+        p.run_queued();
+        assert_eq!(cache.stats().prefetched, MAX_DEPTH);
+        // The last step queued is MAX_DEPTH steps after the hint (10 steps per epoch).
+        let last = StepKey {
+            epoch: MAX_DEPTH / 10,
+            rank: 1,
+            step: MAX_DEPTH % 10,
+        };
+        assert!(cache.contains(last), "{:?}", cache.keys());
     }
 
     #[test]

@@ -9,7 +9,8 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::time::Duration;
 
 use log::{error, info};
@@ -19,6 +20,7 @@ use nix::unistd::{ForkResult, fork, setsid};
 
 use crate::cli::MountArgs;
 use crate::error::{Error, Result};
+use crate::fdpool::DEFAULT_MAX_OPEN;
 use crate::fs::ShuffleFs;
 use crate::fuse::Ownership;
 use crate::logging;
@@ -27,7 +29,7 @@ use crate::prefetch::PrefetchConfig;
 use crate::view::{View, ViewConfig};
 
 /// More FUSE workers than this only add contention (the kernel serves one queue).
-const MAX_THREADS: usize = 256;
+const MAX_THREADS: usize = crate::cli::MAX_THREADS as usize;
 
 /// A duration in seconds (`0`: none).
 fn parse_seconds(flag: &str, text: &str) -> Result<Option<Duration>> {
@@ -63,23 +65,33 @@ fn parse_mode(flag: &str, text: &str) -> Result<u16> {
 
 /// Runs `mount`.
 pub fn run(mut args: MountArgs) -> Result<()> {
-    raise_open_file_limit();
-    if let Some(path) = &args.log_file {
-        // The daemon changes directory to /: resolve the path now, and prove it is writable
-        // while errors still reach the terminal.
-        let abs = std::path::absolute(path).map_err(|e| Error::io(path, e))?;
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&abs)
-            .map_err(|e| Error::io(&abs, e))?;
-        args.log_file = Some(abs);
-    }
-    if args.max_open_shards == 0 {
-        return Err(Error::invalid("--max-open-shards must be at least 1"));
-    }
-    let mut dataset =
-        crate::dataset::Dataset::open_bounded(&args.dataset_dir, args.max_open_shards)?;
+    let fd_limit = raise_open_file_limit();
+    // Taken before anything else opens files: the daemon points its standard descriptors at
+    // /dev/null even when the dataset uses every other descriptor it may (a caller's stderr
+    // kept open makes `$(shufflefs mount ...)` wait for the daemon to exit).
+    let null = open_dev_null()?;
+    // The daemon changes directory to /: resolve the path now, and open it (checked: no
+    // symbolic link, owned by us) while errors still reach the terminal.
+    let log_file = match &args.log_file {
+        Some(path) => {
+            let abs = std::path::absolute(path).map_err(|e| Error::io(path, e))?;
+            let file = logging::open_log_file(&abs)?;
+            args.log_file = Some(abs);
+            Some(file)
+        }
+        None => None,
+    };
+    crate::mount::check_fuse_device()?;
+    let threads = args
+        .threads
+        .unwrap_or_else(|| default_threads().min(MAX_THREADS));
+    let max_open = descriptor_budget(
+        args.max_open_shards,
+        fd_limit,
+        open_descriptors(),
+        reserved_descriptors(threads, args.prefetch_workers),
+    )?;
+    let mut dataset = crate::dataset::Dataset::open_bounded(&args.dataset_dir, max_open)?;
     if args.verify_reads {
         dataset = dataset.with_verified_reads()?;
         info!("--verify-reads: every shard read is checked against the block checksums");
@@ -100,12 +112,7 @@ pub fn run(mut args: MountArgs) -> Result<()> {
         info.fingerprint
     );
     let cache_size = crate::pack::parse_size(&args.cache_size)?;
-    if args.prefetch_workers > MAX_THREADS {
-        return Err(Error::invalid(format!(
-            "--prefetch-workers {} is out of range: use 0 to {MAX_THREADS}",
-            args.prefetch_workers
-        )));
-    }
+    check_cache_size(cache_size, memory_limit())?;
     if let Some(expected) = &args.expect_fingerprint
         && !expected.trim().eq_ignore_ascii_case(&info.fingerprint)
     {
@@ -156,12 +163,6 @@ pub fn run(mut args: MountArgs) -> Result<()> {
         .dataset_dir
         .canonicalize()
         .unwrap_or_else(|_| args.dataset_dir.clone());
-    let threads = args.threads.unwrap_or_else(default_threads);
-    if !(1..=MAX_THREADS).contains(&threads) {
-        return Err(Error::invalid(format!(
-            "--threads {threads} is out of range: use 1 to {MAX_THREADS} (default: cores + 1)"
-        )));
-    }
     let options = MountOptions {
         threads,
         allow_other: args.allow_other,
@@ -177,10 +178,14 @@ pub fn run(mut args: MountArgs) -> Result<()> {
     // Close-on-exec, so helpers spawned while mounting (fusermount3) do not hold the pipe.
     let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| Error::io("pipe", e.into()))?;
-    if thread_count() != Some(1) {
-        return Err(Error::invalid(
-            "internal error: threads exist before fork; run with --foreground",
-        ));
+    match thread_count() {
+        Ok(1) => {}
+        Ok(n) => {
+            return Err(Error::invalid(format!(
+                "internal error: {n} threads exist before fork; run with --foreground"
+            )));
+        }
+        Err(e) => return Err(Error::io("/proc/self/task", e)),
     }
     // SAFETY: the process is single-threaded (checked just above), so the child may run
     // arbitrary code after fork.
@@ -215,10 +220,11 @@ pub fn run(mut args: MountArgs) -> Result<()> {
             drop(read_end);
             let _ = setsid();
             let _ = std::env::set_current_dir("/");
-            redirect_to_null(&[0, 1]);
+            redirect_to_null(&null, &[0, 1]);
             let background = Background {
                 ready: write_end,
-                log_file: args.log_file.clone(),
+                log_file,
+                null,
             };
             if let Err(e) = serve(fs, cache, &mountpoint, &options, Some(background)) {
                 // Before readiness this reaches the terminal (the parent relays the exit
@@ -245,47 +251,184 @@ fn fs_fingerprint_hint(mountpoint: &Path) -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-/// Number of threads of this process, from /proc/self/status.
-fn thread_count() -> Option<usize> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|n| n.trim().parse().ok())
+/// Number of threads of this process: `/proc/self/task` has one link per thread plus two, and
+/// `stat` needs no descriptor (reading /proc/self/status failed when the dataset had taken
+/// every descriptor, which read as "threads exist").
+fn thread_count() -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    Ok(std::fs::metadata("/proc/self/task")?
+        .nlink()
+        .saturating_sub(2))
 }
 
-/// One descriptor stays open per shard: raise the soft open-file limit to the hard limit.
-fn raise_open_file_limit() {
+/// One descriptor stays open per dataset file: raises the soft open-file limit to the hard
+/// limit. Returns the soft limit now (`None`: unlimited or unknown).
+fn raise_open_file_limit() -> Option<u64> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit/setrlimit with a valid pointer to an rlimit struct.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
-        {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return None;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
         }
     }
+    (limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
+}
+
+/// Descriptors open in this process now (inherited ones count against the limit too).
+fn open_descriptors() -> u64 {
+    // The directory's own descriptor is listed as well.
+    std::fs::read_dir("/proc/self/fd").map_or(3, |d| d.count().saturating_sub(1) as u64)
+}
+
+/// Descriptors the daemon needs besides the dataset's files: its own (standard streams,
+/// /dev/fuse, the log, the readiness pipe, syslog, /proc and /etc reads) and one per thread that
+/// may hold a reopened file while the pool closes another.
+fn reserved_descriptors(threads: usize, prefetch_workers: usize) -> u64 {
+    32 + (threads + prefetch_workers + crate::fuse::MAX_IO_THREADS) as u64
+}
+
+/// The fewest dataset files worth mounting with: below it the limit is a mistake.
+const MIN_OPEN_FILES: u64 = 8;
+
+/// `--max-open-shards`: the default (4096) capped to what the open-file limit leaves after
+/// the descriptors already open and those the daemon keeps for itself; an explicit value above
+/// that is lowered with a warning, since the mount would otherwise fail on its first reopen.
+fn descriptor_budget(
+    requested: Option<usize>,
+    limit: Option<u64>,
+    open_now: u64,
+    reserved: u64,
+) -> Result<usize> {
+    let Some(limit) = limit else {
+        return Ok(requested.unwrap_or(DEFAULT_MAX_OPEN));
+    };
+    let room = limit.saturating_sub(open_now + reserved);
+    if room < MIN_OPEN_FILES {
+        return Err(Error::invalid(format!(
+            "the open-file limit is {limit} (ulimit -n; {open_now} already open, {reserved} \
+             kept for the daemon's own use), which leaves no room for dataset files: raise it \
+             (`ulimit -n 4096` in the shell, LimitNOFILE= in a systemd unit)"
+        )));
+    }
+    let room = usize::try_from(room).unwrap_or(usize::MAX);
+    Ok(match requested {
+        None => DEFAULT_MAX_OPEN.min(room),
+        Some(n) if n > room => {
+            log::warn!(
+                "--max-open-shards {n} is more than the open-file limit allows (ulimit -n \
+                 {limit}; {open_now} already open, {reserved} kept for the daemon): using \
+                 {room}; raise the limit (LimitNOFILE=, ulimit -n) to keep more files open"
+            );
+            room
+        }
+        Some(n) => n,
+    })
+}
+
+/// The memory this process may use: physical memory, or less under a cgroup limit
+/// (`memory.max` of its cgroup and the cgroups above it, as in a container or a unit with
+/// `MemoryMax=`). `None` when unknown.
+fn memory_limit() -> Option<u64> {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let physical = (pages > 0 && page > 0).then(|| pages as u64 * page as u64);
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|text| {
+            let path = text
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))?
+                .to_string();
+            let mut dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+            let mut lowest: Option<u64> = None;
+            loop {
+                if let Some(v) = std::fs::read_to_string(dir.join("memory.max"))
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                {
+                    lowest = Some(lowest.map_or(v, |l| l.min(v)));
+                }
+                if dir == Path::new("/sys/fs/cgroup") || !dir.pop() {
+                    break;
+                }
+            }
+            lowest
+        });
+    match (physical, cgroup) {
+        (Some(p), Some(c)) => Some(p.min(c)),
+        (p, c) => p.or(c),
+    }
+}
+
+/// `--cache-size` against the memory the daemon may use (`memory`): more than all of it is
+/// refused (the cache fills as steps are read, so the daemon would be killed mid-training, not
+/// at mount); more than half is allowed with a warning.
+fn check_cache_size(cache_size: u64, memory: Option<u64>) -> Result<()> {
+    let Some(memory) = memory else {
+        return Ok(());
+    };
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    if cache_size > memory {
+        return Err(Error::invalid(format!(
+            "--cache-size {:.1} GiB is more than the memory this node lets shufflefs use \
+             ({:.1} GiB, physical memory or the cgroup's memory.max): the cache fills as \
+             steps are read and the daemon would be killed mid-training; use at most {} MiB \
+             (a few step files per rank and prefetch depth are enough)",
+            gib(cache_size),
+            gib(memory),
+            (memory / 2) >> 20
+        )));
+    }
+    if cache_size > memory / 2 {
+        log::warn!(
+            "--cache-size {:.1} GiB is more than half of the memory this node lets shufflefs \
+             use ({:.1} GiB): the trainers and the page cache compete with it",
+            gib(cache_size),
+            gib(memory)
+        );
+    }
+    Ok(())
 }
 
 /// What a background daemon does once mounted.
 struct Background {
     ready: OwnedFd,
-    log_file: Option<PathBuf>,
+    log_file: Option<File>,
+    /// /dev/null, opened before the dataset.
+    null: File,
 }
 
-fn redirect_to_null(fds: &[i32]) {
-    if let Ok(null) = std::fs::OpenOptions::new()
+fn open_dev_null() -> Result<File> {
+    std::fs::OpenOptions::new()
         .read(true)
         .write(true)
+        .custom_flags(libc::O_CLOEXEC)
         .open("/dev/null")
-    {
-        for &fd in fds {
-            // SAFETY: dup2 onto a standard descriptor number; `null` is a valid open fd.
-            unsafe { libc::dup2(null.as_raw_fd(), fd) };
-        }
+        .map_err(|e| Error::io("/dev/null", e))
+}
+
+fn redirect_to_null(null: &File, fds: &[i32]) {
+    for &fd in fds {
+        // SAFETY: dup2 onto a standard descriptor number; `null` is a valid open fd. dup2
+        // needs no free descriptor.
+        unsafe { libc::dup2(null.as_raw_fd(), fd) };
     }
 }
 
@@ -313,12 +456,12 @@ fn serve(
     let mounted = mount(fs, mountpoint, options)?;
     match background {
         Some(bg) => {
-            match &bg.log_file {
-                Some(path) => logging::to_file(path)?,
+            match bg.log_file {
+                Some(file) => logging::to_file(file),
                 None => logging::to_syslog(),
             }
             info!("serving {} in the background", mountpoint.display());
-            redirect_to_null(&[2]);
+            redirect_to_null(&bg.null, &[2]);
             let mut ready = File::from(bg.ready);
             let _ = ready.write_all(b"1");
         }
@@ -331,7 +474,12 @@ fn serve(
         tv_sec: 0,
         tv_nsec: 100_000_000,
     };
+    let mut ticks = 0u64;
     loop {
+        ticks += 1;
+        if ticks.is_multiple_of(10) {
+            logging::flush_suppressed(false);
+        }
         // SAFETY: `signals` is a valid sigset_t, the info pointer may be null, and `timeout`
         // outlives the call.
         let sig = unsafe { libc::sigtimedwait(signals.as_ref(), std::ptr::null_mut(), &timeout) };
@@ -346,6 +494,58 @@ fn serve(
         }
     }
     mounted.unmount()?;
+    logging::flush_suppressed(true);
     info!("unmounted {}", mountpoint.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_open_files_fit_the_open_file_limit() {
+        // Unlimited: the default or the value asked for.
+        assert_eq!(descriptor_budget(None, None, 5, 100).unwrap(), 4096);
+        assert_eq!(descriptor_budget(Some(9), None, 5, 100).unwrap(), 9);
+        // ulimit -n 1024 with 5 open and 100 kept: the default becomes 919.
+        assert_eq!(descriptor_budget(None, Some(1024), 5, 100).unwrap(), 919);
+        assert_eq!(
+            descriptor_budget(Some(500), Some(1024), 5, 100).unwrap(),
+            500
+        );
+        // An explicit value above it is lowered (with a warning).
+        assert_eq!(
+            descriptor_budget(Some(4096), Some(1024), 5, 100).unwrap(),
+            919
+        );
+        // A large limit keeps the default.
+        assert_eq!(
+            descriptor_budget(None, Some(1 << 20), 5, 100).unwrap(),
+            4096
+        );
+        // No room left: an error naming the limit.
+        let e = descriptor_budget(None, Some(110), 5, 100).unwrap_err();
+        assert!(e.to_string().contains("the open-file limit is 110"), "{e}");
+    }
+
+    #[test]
+    fn cache_size_is_checked_against_memory() {
+        let gib = 1u64 << 30;
+        assert!(check_cache_size(64 * gib, None).is_ok(), "unknown memory");
+        assert!(check_cache_size(256 << 20, Some(23 * gib)).is_ok());
+        assert!(
+            check_cache_size(20 * gib, Some(23 * gib)).is_ok(),
+            "a warning only"
+        );
+        let e = check_cache_size(64 * gib, Some(23 * gib))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--cache-size 64.0 GiB is more than the memory")
+                && e.contains("(23.0 GiB")
+                && e.contains("use at most 11776 MiB"),
+            "{e}"
+        );
+    }
 }

@@ -270,3 +270,104 @@ impl Drop for MountDir {
         }
     }
 }
+
+/// The daemon's pid from `shufflefs mount`'s output (`... (daemon pid N, ...)`).
+pub fn daemon_pid(o: &Output) -> i32 {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let at = out.find("daemon pid ").expect("pid in mount output") + "daemon pid ".len();
+    out[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// A second, unprivileged user: `(name, uid, gid)`. Created once with useradd (idempotent: an
+/// existing user is reused; CI runs as root on a fresh machine). `None`, with a message, when
+/// not root.
+pub fn other_user() -> Option<(String, u32, u32)> {
+    const NAME: &str = "shufflefs-test";
+    static USER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: creating a second user needs root");
+        return None;
+    }
+    let _serial = USER.lock().unwrap_or_else(|p| p.into_inner());
+    let find = || nix::unistd::User::from_name(NAME).ok().flatten();
+    if find().is_none() {
+        let o = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                NAME,
+            ])
+            .output()
+            .expect("useradd (passwd package) creates the second user");
+        // Exit 9: created meanwhile by another process.
+        assert!(
+            o.status.success() || o.status.code() == Some(9),
+            "useradd {NAME}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let user = find().expect("the second user exists");
+    Some((user.name, user.uid.as_raw(), user.gid.as_raw()))
+}
+
+/// The binary where `uid` can run it: the build's own when every directory above it lets
+/// others through, else a copy in a temp dir (kept while the guard lives).
+pub struct BinFor {
+    pub path: PathBuf,
+    _dir: Option<TempDir>,
+}
+
+impl BinFor {
+    pub fn new() -> BinFor {
+        use std::os::unix::fs::PermissionsExt;
+        let bin = Path::new(BIN);
+        let reachable = bin
+            .ancestors()
+            .skip(1)
+            .all(|d| std::fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
+            && std::fs::metadata(bin).is_ok_and(|m| m.permissions().mode() & 0o005 == 0o005);
+        if reachable {
+            return BinFor {
+                path: bin.to_path_buf(),
+                _dir: None,
+            };
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.path().join("shufflefs");
+        std::fs::copy(bin, &path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        BinFor {
+            path,
+            _dir: Some(dir),
+        }
+    }
+
+    /// Runs the binary as `uid:gid` (no supplementary groups), without stdin or RUST_LOG.
+    pub fn run_as(&self, uid: u32, gid: u32, args: &[&str]) -> Output {
+        use std::os::unix::process::CommandExt;
+        Command::new(&self.path)
+            .args(args)
+            .uid(uid)
+            .gid(gid)
+            .current_dir("/")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+}
+
+/// Lets every user through `path` (and read it): temp dirs are 0700.
+pub fn open_to_all(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = if path.is_dir() { 0o755 } else { 0o644 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}

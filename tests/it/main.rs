@@ -3,6 +3,9 @@
 //! - `mounted`: real mounts in a TempDir, read through std::fs;
 //! - `cli`: the `shufflefs` binary, its daemon, signals and stale mounts;
 //! - `checksums`: block checksums, `shufflefs verify` and `--verify-reads`;
+//! - `daemon`: the daemon's resources and edges (log file, descriptor pressure, rate-limited
+//!   errors, memory, numeric flag bounds, unmount by another user and after prefill,
+//!   /dev/fuse access), through the binary, with a second real user;
 //! - `corruption`: seeded manifest and index mutations, each refused naming the file or
 //!   harmless, never different bytes (issue #5);
 //! - `exhaustive`: whole epochs byte for byte against the shards, determinism across
@@ -20,6 +23,7 @@ mod checksums;
 mod cli;
 mod common;
 mod corruption;
+mod daemon;
 mod exhaustive;
 mod faults;
 mod fds;

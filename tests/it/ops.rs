@@ -208,14 +208,14 @@ fn helper_passes_on_shufflefs_errors_and_exit_codes() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let o = run("ro,window=10,batch_size=2,allow_other=yes");
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    // A bad value: shufflefs's own error and exit code 1.
+    // A value out of the flag's range: clap's error (naming the range) and exit code 2.
     let o = run("ro,window=0,batch_size=2");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("0 is not in 1..="), "{}", stderr(&o));
+    // A value this dataset cannot serve: shufflefs's own error and exit code 1.
+    let o = run("ro,window=6000,batch_size=2");
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("--window must be at least 1"),
-        "{}",
-        stderr(&o)
-    );
+    assert!(stderr(&o).contains("nothing to serve"), "{}", stderr(&o));
     assert!(!is_mounted(mnt.path()));
 }
 
@@ -516,7 +516,13 @@ fn fstab_example_lines_translate_to_mount_flags() {
             .collect::<Vec<_>>()
             .join(",");
         for first in ["ro", "rw", "defaults"] {
-            let o = helper(&["/data/ds", "/mnt/x", "-fv", "-o", &format!("{first},{rest}")]);
+            let o = helper(&[
+                "/data/ds",
+                "/mnt/x",
+                "-fv",
+                "-o",
+                &format!("{first},{rest}"),
+            ]);
             assert!(o.status.success(), "{first},{rest}: {}", stderr(&o));
             assert_eq!(printed_command(&o), printed, "{first},{rest}");
         }
@@ -577,10 +583,7 @@ fn readme_training_loop_never_refills_a_buffer_in_use() {
         .iter()
         .position(|l| l.trim_start().starts_with("for step in"))
         .expect("a step loop");
-    let read = lines
-        .iter()
-        .position(|l| l.contains(".readinto("))
-        .unwrap();
+    let read = lines.iter().position(|l| l.contains(".readinto(")).unwrap();
     let name = lines[read].split(".readinto(").nth(1).unwrap();
     let name = name.split(')').next().unwrap().trim();
     let assigned = lines
