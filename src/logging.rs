@@ -125,6 +125,8 @@ pub fn open_log_file(path: &Path) -> Result<File> {
                  file)"
                     .into(),
             ),
+            // A FIFO without a reader (O_NONBLOCK: the open does not wait for one).
+            Some(libc::ENXIO) => refuse("is not a regular file".into()),
             _ => Error::io(path, e),
         })?;
     let meta = file.metadata().map_err(|e| Error::io(path, e))?;
