@@ -64,7 +64,7 @@ fn parse_mode(flag: &str, text: &str) -> Result<u16> {
 }
 
 /// Runs `mount`.
-pub fn run(mut args: MountArgs) -> Result<()> {
+pub fn run(args: MountArgs) -> Result<()> {
     let fd_limit = raise_open_file_limit();
     // Taken before anything else opens files: the daemon points its standard descriptors at
     // /dev/null even when the dataset uses every other descriptor it may (a caller's stderr
@@ -75,9 +75,7 @@ pub fn run(mut args: MountArgs) -> Result<()> {
     let log_file = match &args.log_file {
         Some(path) => {
             let abs = std::path::absolute(path).map_err(|e| Error::io(path, e))?;
-            let file = logging::open_log_file(&abs)?;
-            args.log_file = Some(abs);
-            Some(file)
+            Some(logging::open_log_file(&abs)?)
         }
         None => None,
     };
