@@ -130,16 +130,57 @@ impl ScalarType {
         })
     }
 
-    /// Parses a token type's CLI name (`u32`).
+    /// Parses a token type as `--dtype` takes it: the CLI name (`u16`), numpy's name (`uint16`,
+    /// `np.uint16`, `numpy.uint16`) or a little-endian numpy type string (`<u2`, `=u2`, `u2`,
+    /// `|u1`). A big-endian type (`>u2`) is refused with how to convert.
     pub fn from_name(name: &str) -> Result<ScalarType> {
-        ScalarType::TOKEN_TYPES
-            .into_iter()
-            .find(|t| t.name() == name)
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "unknown dtype {name:?}: use one of u8 u16 u32 u64 i32 i64"
-                ))
-            })
+        const USE: &str = "use one of u8 u16 u32 u64 i32 i64 (numpy spellings such as uint16 \
+                           or <u2 work too)";
+        let bare = name.trim();
+        let bare = bare
+            .strip_prefix("np.")
+            .or_else(|| bare.strip_prefix("numpy."))
+            .unwrap_or(bare);
+        let numpy_name = |t: ScalarType| match t {
+            ScalarType::U8 => "uint8",
+            ScalarType::U16 => "uint16",
+            ScalarType::U32 => "uint32",
+            ScalarType::U64 => "uint64",
+            ScalarType::I8 => "int8",
+            ScalarType::I16 => "int16",
+            ScalarType::I32 => "int32",
+            ScalarType::I64 => "int64",
+            ScalarType::F16 => "float16",
+            ScalarType::F32 => "float32",
+            ScalarType::F64 => "float64",
+            ScalarType::Bool => "bool",
+        };
+        if let Some(rest) = bare.strip_prefix('>') {
+            return Err(Error::invalid(format!(
+                "--dtype {name:?} is big-endian: shufflefs reads little-endian tokens; convert \
+                 with arr.astype('<{rest}') (or pass the little-endian type if the bytes \
+                 already are)"
+            )));
+        }
+        if bare == "i8" {
+            // numpy's i8 is int64; shufflefs's names count bits (u8 is uint8).
+            return Err(Error::invalid(format!(
+                "--dtype \"i8\" is ambiguous: for 8-byte signed tokens (numpy's i8) write i64, \
+                 int64 or <i8; {USE}"
+            )));
+        }
+        let code = bare.strip_prefix(['<', '=', '|']).unwrap_or(bare);
+        let found = ScalarType::ALL.into_iter().find(|&t| {
+            t.name() == bare || numpy_name(t) == bare || &t.descr()[1..] == code
+        });
+        match found {
+            Some(t) if t.is_token_type() => Ok(t),
+            Some(t) => Err(Error::invalid(format!(
+                "--dtype {name:?} ({}) is not a token type: {USE}",
+                t.name()
+            ))),
+            None => Err(Error::invalid(format!("unknown dtype {name:?}: {USE}"))),
+        }
     }
 
     /// Parses a numpy type string from a `.npy` header. Accepts the little-endian and
@@ -383,12 +424,41 @@ mod tests {
             assert_eq!(t.descr().len(), 3);
         }
         assert_eq!(ScalarType::from_descr("u1").unwrap(), ScalarType::U8);
+        // --dtype takes numpy's spellings of the token types too.
+        for (spelling, t) in [
+            ("uint16", ScalarType::U16),
+            ("np.uint16", ScalarType::U16),
+            ("numpy.uint32", ScalarType::U32),
+            ("<u2", ScalarType::U16),
+            ("u2", ScalarType::U16),
+            ("=u4", ScalarType::U32),
+            ("|u1", ScalarType::U8),
+            ("u1", ScalarType::U8),
+            ("uint8", ScalarType::U8),
+            ("<u8", ScalarType::U64),
+            ("uint64", ScalarType::U64),
+            ("int32", ScalarType::I32),
+            ("<i4", ScalarType::I32),
+            ("<i8", ScalarType::I64),
+            ("np.int64", ScalarType::I64),
+        ] {
+            assert_eq!(ScalarType::from_name(spelling).unwrap(), t, "{spelling}");
+        }
+        // Bare u8 keeps shufflefs's meaning (uint8); bare i8 (numpy: int64) is refused.
+        assert_eq!(ScalarType::from_name("u8").unwrap(), ScalarType::U8);
+        let msg = ScalarType::from_name("i8").unwrap_err().to_string();
+        assert!(msg.contains("ambiguous") && msg.contains("i64"), "{msg}");
+        let msg = ScalarType::from_name(">u2").unwrap_err().to_string();
+        assert!(msg.contains("big-endian") && msg.contains("astype('<u2')"), "{msg}");
         assert_eq!(ScalarType::from_descr("=u4").unwrap(), ScalarType::U32);
     }
 
     #[test]
     fn rejects_unsupported() {
         assert!(ScalarType::from_name("f32").is_err(), "not a token type");
+        assert!(ScalarType::from_name("float32").is_err(), "not a token type");
+        assert!(ScalarType::from_name("int16").is_err(), "not a token type");
+        assert!(ScalarType::from_name("<u3").is_err());
         assert_eq!(ScalarType::from_descr("<f4").unwrap(), ScalarType::F32);
         assert!(
             ScalarType::from_descr(">u4")
