@@ -17,6 +17,7 @@
 //! | [`format`] | what is in `manifest.json`, is it consistent? | no |
 //! | [`dtype`] | record types and their numpy names | no |
 //! | [`pack`] | write shards and manifest from input files | no |
+//! | [`sniff`] | what is this input file: tokens (which format, which width) or what else? | no |
 //! | [`mount`] | mount, unmount, stale mounts | via fuser's session |
 //! | [`cmd`], [`cli`], [`logging`] | the `shufflefs` command line | no |
 
@@ -39,6 +40,7 @@ pub mod npy;
 pub mod pack;
 pub mod plan;
 pub mod prefetch;
+pub mod sniff;
 pub mod verify;
 pub mod view;
 pub mod window;
