@@ -45,6 +45,9 @@ impl ReadAt for Vec<u8> {
 pub struct Shard {
     path: PathBuf,
     len: u64,
+    /// Byte offset of the shard's first byte in its file (the header of an in-place llm.c or
+    /// `.npy` shard): every read adds it.
+    offset: u64,
     source: Arc<dyn ReadAt>,
     docs: Option<Box<DocFiles>>,
     /// The block checksum file (`checksum.rs`), when the manifest lists one.
@@ -135,10 +138,17 @@ impl Shard {
         Shard {
             path: path.into(),
             len,
+            offset: 0,
             source,
             docs: None,
             sums: None,
         }
+    }
+
+    /// Starts the shard `offset` bytes into its file (`ShardEntry::offset`).
+    pub fn with_offset(mut self, offset: u64) -> Shard {
+        self.offset = offset;
+        self
     }
 
     /// Attaches the block checksum file.
@@ -197,9 +207,11 @@ impl Shard {
         self.len == 0
     }
 
-    /// Fills `buf` from `offset`, retrying short and interrupted reads; a premature end of
-    /// file is an error naming the shard.
+    /// Fills `buf` from `offset` (relative to the shard's first byte, [`Shard::with_offset`]),
+    /// retrying short and interrupted reads; a premature end of file is an error naming the
+    /// shard. Errors give file offsets.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let offset = self.offset + offset;
         let mut done = 0;
         while done < buf.len() {
             match self.source.read_at(&mut buf[done..], offset + done as u64) {
@@ -246,7 +258,7 @@ impl Shard {
         if end < offset + buf.len() as u64 {
             return Err(Error::ShortRead {
                 path: self.path.clone(),
-                offset,
+                offset: self.offset + offset,
                 wanted: buf.len(),
                 got: end.saturating_sub(offset) as usize,
             });
@@ -426,19 +438,25 @@ impl Dataset {
                      --in-place`: re-run it to reference the new content",
                 ));
             }
-            if meta.len() != entry.bytes {
+            // Validated: offset + bytes does not overflow.
+            let want = entry.offset + entry.bytes;
+            if meta.len() != want {
+                let header = match entry.offset {
+                    0 => String::new(),
+                    n => format!(" ({n} header bytes and {} of records)", entry.bytes),
+                };
                 return Err(Error::dataset(
                     &path,
                     format!(
-                        "shard is {} bytes but the manifest records {}: it was truncated or \
-                         modified after packing; restore it or re-run `shufflefs pack`",
+                        "shard is {} bytes but the manifest records {want}{header}: it was \
+                         truncated or modified after packing; restore it or re-run `shufflefs \
+                         pack`",
                         meta.len(),
-                        entry.bytes
                     ),
                 ));
             }
             let shard_source = shard_source(&path, file, &meta);
-            let mut shard = Shard::new(path, entry.bytes, shard_source);
+            let mut shard = Shard::new(path, entry.bytes, shard_source).with_offset(entry.offset);
             let open = |name: &str, want: Option<u64>| -> Result<Shard> {
                 let path = dir.join(name);
                 let (file, meta) = open_listed(&path, "document file")?;
@@ -896,6 +914,8 @@ mod tests {
                 records: len,
                 bytes: len,
                 hash: format_hash(0),
+                offset: 0,
+                source_format: None,
                 docs: None,
                 in_place_mtime_ns: None,
                 checksums: None,

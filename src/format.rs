@@ -47,7 +47,8 @@ pub struct ShardEntry {
     pub path: String,
     /// Number of records in the shard.
     pub records: u64,
-    /// Size of the shard file in bytes (`records * itemsize`).
+    /// Size of the shard's records in bytes (`records * itemsize`); the file is `offset +
+    /// bytes` bytes.
     pub bytes: u64,
     /// Content hash of the shard bytes ([`ContentHasher`]), 16 hex digits.
     pub hash: String,
@@ -63,7 +64,22 @@ pub struct ShardEntry {
     /// Block checksums of the shard bytes (version 3; optional).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checksums: Option<ShardChecksums>,
+    /// Byte offset of record 0 in the file: the header an in-place shard keeps (an llm.c
+    /// shard's 1,024 bytes, a `.npy` header). 0 (omitted) for every copied shard.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub offset: u64,
+    /// What `pack --in-place` recognised the file as ([`SOURCE_FORMATS`]), informational.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_format: Option<String>,
 }
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The values of `ShardEntry::source_format`: headerless records, a numpy `.npy`, an llm.c
+/// shard.
+pub const SOURCE_FORMATS: [&str; 3] = ["raw", "npy", "llmc"];
 
 /// A shard's checksum file (see `checksum.rs` and docs/FORMAT.md).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -213,6 +229,25 @@ impl Manifest {
             .map_err(|e| dataset_err(format!("shards[{i}].path: {e}")))?;
             if shard.records == 0 {
                 return fail(format!("shards[{i}] ({}) has no records", shard.path));
+            }
+            if shard.offset != 0 && shard.in_place_mtime_ns.is_none() {
+                return fail(format!(
+                    "shards[{i}] ({}) has offset {} but only an in-place shard has a header",
+                    shard.path, shard.offset
+                ));
+            }
+            if shard.offset.checked_add(shard.bytes).is_none() {
+                return fail(format!(
+                    "shards[{i}] ({}): offset {} + bytes {} overflows 64 bits",
+                    shard.path, shard.offset, shard.bytes
+                ));
+            }
+            if let Some(f) = &shard.source_format
+                && !SOURCE_FORMATS.contains(&f.as_str())
+            {
+                return fail(format!(
+                    "shards[{i}].source_format {f:?} is not one of {SOURCE_FORMATS:?}"
+                ));
             }
             if shard.records.checked_mul(self.itemsize) != Some(shard.bytes) {
                 return fail(format!(
@@ -512,6 +547,12 @@ pub fn content_hash(shards: &[ShardEntry]) -> String {
     for s in shards {
         h.update(&s.bytes.to_le_bytes());
         h.update(&parse_hash(&s.hash).unwrap_or(0).to_le_bytes());
+        if s.offset != 0 {
+            // Where the records start changes what is served: part of the identity (only
+            // present in in-place shards with a header, so other identities are unchanged).
+            h.update(b"offset");
+            h.update(&s.offset.to_le_bytes());
+        }
         if let Some(c) = &s.checksums {
             // Only present since version 3, so version 2 identities are unchanged.
             h.update(b"checksums");
@@ -628,6 +669,8 @@ mod tests {
                 records: 10,
                 bytes: 40,
                 hash: format_hash(1),
+                offset: 0,
+                source_format: None,
                 docs: None,
                 in_place_mtime_ns: None,
                 checksums: None,
@@ -637,6 +680,8 @@ mod tests {
                 records: 5,
                 bytes: 20,
                 hash: format_hash(2),
+                offset: 0,
+                source_format: None,
                 docs: None,
                 in_place_mtime_ns: None,
                 checksums: None,
@@ -808,6 +853,8 @@ mod tests {
                     }),
                     in_place_mtime_ns: None,
                     checksums: None,
+                    offset: 0,
+                    source_format: None,
                     path,
                 }
             })
@@ -918,6 +965,58 @@ mod tests {
         let mut moved = m.clone();
         moved.shards[1].path = "/data/other.bin".into();
         assert!(Manifest::parse(&moved.to_bytes(), Path::new("m")).is_err());
+    }
+
+    #[test]
+    fn offset_only_in_place_and_bound_to_the_identity() {
+        let mut m = sample();
+        for (k, s) in m.shards.iter_mut().enumerate() {
+            s.path = format!("/data/part{k}.bin");
+            s.in_place_mtime_ns = Some(5);
+            s.hash = in_place_hash(&s.path, s.bytes, 5);
+        }
+        m.content_hash = m.expected_content_hash();
+        let plain = m.content_hash.clone();
+        m.shards[0].offset = 1024;
+        m.shards[0].source_format = Some("llmc".into());
+        m.content_hash = m.expected_content_hash();
+        assert_ne!(m.content_hash, plain, "the offset is part of the identity");
+        let parsed = Manifest::parse(&m.to_bytes(), Path::new("m")).unwrap();
+        assert_eq!(parsed, m);
+        let text = String::from_utf8(m.to_bytes()).unwrap();
+        assert_eq!(
+            text.matches("\"offset\"").count(),
+            1,
+            "omitted when 0: {text}"
+        );
+        // An edited offset changes what is served: refused unless the identity follows.
+        let mut edited = m.clone();
+        edited.shards[0].offset = 1000;
+        let msg = Manifest::parse(&edited.to_bytes(), Path::new("m"))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("does not match the shard list"), "{msg}");
+        let check = |f: &dyn Fn(&mut Manifest), want: &str| {
+            let mut bad = m.clone();
+            f(&mut bad);
+            bad.content_hash = bad.expected_content_hash();
+            let msg = Manifest::parse(&bad.to_bytes(), Path::new("m"))
+                .unwrap_err()
+                .to_string();
+            assert!(msg.contains(want), "{msg:?} lacks {want:?}");
+        };
+        check(&|b| b.shards[0].offset = u64::MAX - 10, "overflows 64 bits");
+        check(
+            &|b| b.shards[1].source_format = Some("parquet".into()),
+            "source_format \"parquet\" is not one of",
+        );
+        let mut copied = sample();
+        copied.shards[1].offset = 8;
+        copied.content_hash = copied.expected_content_hash();
+        let msg = Manifest::parse(&copied.to_bytes(), Path::new("m"))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("only an in-place shard has a header"), "{msg}");
     }
 
     #[test]
