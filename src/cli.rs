@@ -88,11 +88,14 @@ pub struct PackArgs {
     /// The dataset directory to create.
     pub dataset_dir: PathBuf,
     /// Input files, concatenated in this order: raw little-endian tokens (nanoGPT train.bin
-    /// style), 1-D .npy arrays (plain or structured), or JSON Lines documents (.jsonl:
-    /// {"tokens": [...], "meta": ..., "spans": [{"start", "end", "meta"}]}).
+    /// style), llm.c shards (the tokens after their header), 1-D .npy arrays (plain or
+    /// structured), or JSON Lines documents (.jsonl: {"tokens": [...], "meta": ..., "spans":
+    /// [{"start", "end", "meta"}]}). Other formats (parquet, Arrow, archives, text...) are
+    /// refused saying what to do.
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
-    /// Token type: u8 u16 u32 u64 i32 i64 [default: the dtype of the first .npy input].
+    /// Token type: u8 u16 u32 u64 i32 i64, or numpy's spelling (uint16, <u2) [default: the
+    /// dtype of the first .npy or llm.c input].
     #[arg(long)]
     pub dtype: Option<String>,
     /// End a document after every token equal to TOKEN (e.g. the EOS id of a token file).
@@ -101,14 +104,17 @@ pub struct PackArgs {
     /// Do not show a progress bar.
     #[arg(long)]
     pub no_progress: bool,
-    /// Write only the manifest and reference the raw input files as shards, without copying
-    /// a byte (they must not change afterwards; a mount refuses a modified file).
+    /// Write only the manifest and reference the input files (raw, .npy, llm.c) as shards,
+    /// without copying a byte (they must not change afterwards; a mount refuses a modified
+    /// file).
     #[arg(long)]
     pub in_place: bool,
     /// Upper bound of each shard file (bytes; suffixes KiB MiB GiB TiB).
     #[arg(long, default_value = "1GiB")]
     pub shard_size: String,
-    /// Replace a dataset that already exists in DATASET_DIR.
+    /// Replace a dataset that already exists in DATASET_DIR; also pack inputs that a
+    /// heuristic refuses (text, or a raw file whose sampled values look like another token
+    /// width than --dtype).
     #[arg(long)]
     pub force: bool,
 }

@@ -170,9 +170,9 @@ impl ScalarType {
             )));
         }
         let code = bare.strip_prefix(['<', '=', '|']).unwrap_or(bare);
-        let found = ScalarType::ALL.into_iter().find(|&t| {
-            t.name() == bare || numpy_name(t) == bare || &t.descr()[1..] == code
-        });
+        let found = ScalarType::ALL
+            .into_iter()
+            .find(|&t| t.name() == bare || numpy_name(t) == bare || &t.descr()[1..] == code);
         match found {
             Some(t) if t.is_token_type() => Ok(t),
             Some(t) => Err(Error::invalid(format!(
@@ -449,14 +449,20 @@ mod tests {
         let msg = ScalarType::from_name("i8").unwrap_err().to_string();
         assert!(msg.contains("ambiguous") && msg.contains("i64"), "{msg}");
         let msg = ScalarType::from_name(">u2").unwrap_err().to_string();
-        assert!(msg.contains("big-endian") && msg.contains("astype('<u2')"), "{msg}");
+        assert!(
+            msg.contains("big-endian") && msg.contains("astype('<u2')"),
+            "{msg}"
+        );
         assert_eq!(ScalarType::from_descr("=u4").unwrap(), ScalarType::U32);
     }
 
     #[test]
     fn rejects_unsupported() {
         assert!(ScalarType::from_name("f32").is_err(), "not a token type");
-        assert!(ScalarType::from_name("float32").is_err(), "not a token type");
+        assert!(
+            ScalarType::from_name("float32").is_err(),
+            "not a token type"
+        );
         assert!(ScalarType::from_name("int16").is_err(), "not a token type");
         assert!(ScalarType::from_name("<u3").is_err());
         assert_eq!(ScalarType::from_descr("<f4").unwrap(), ScalarType::F32);

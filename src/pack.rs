@@ -3,10 +3,14 @@
 //! Inputs, in the order given, make one record stream:
 //! - raw headerless little-endian record files (nanoGPT `train.bin` style);
 //! - `.npy` arrays, 1-D, plain or structured (recognised by numpy's magic, whatever the name);
+//! - llm.c token shards (recognised by their header, whatever the name): the tokens after the
+//!   1,024-byte header, of the type the header names;
 //! - JSON Lines documents (`.jsonl`/`.ndjson`): `{"tokens": [...], "meta": ..., "spans": [...]}`.
 //!
-//! Files are checked before anything is written (existence, regular file, size a multiple of
-//! the record size, `.npy` header, dtype and shape). JSON Lines are validated while they are
+//! Files are checked before anything is written, the same way for a copy and `--in-place`
+//! (existence, regular file, what the file is (sniff.rs: known non-token formats are refused
+//! saying what to do), size a multiple of the record size, `.npy` header, dtype and shape, the
+//! llm.c token count, and a raw file's sampled content against `--dtype`'s width). JSON Lines are validated while they are
 //! written; any error names the file and line and removes everything written. Shards are
 //! written under temporary names, fsynced and renamed to names unique to this pack run; the
 //! directory is fsynced, then the manifest is written last the same way. Until the manifest's
@@ -38,6 +42,7 @@ use crate::format::{
     VERSION, shard_name,
 };
 use crate::npy;
+use crate::sniff::{self, Kind};
 
 /// Default shard size bound: 1 GiB.
 pub const DEFAULT_SHARD_SIZE: u64 = 1 << 30;
@@ -55,7 +60,8 @@ pub struct PackOptions {
     pub dtype: Option<ScalarType>,
     /// Upper bound of a shard's size in bytes (rounded down to whole records).
     pub shard_size: u64,
-    /// Replace an existing dataset in the directory.
+    /// Replace an existing dataset in the directory, and pack inputs the heuristic checks
+    /// refuse (text, a raw file that looks like another token width).
     pub force: bool,
     /// End a document after every record whose token equals this value.
     pub doc_sep: Option<i128>,
@@ -106,11 +112,12 @@ fn bad_size(text: &str) -> Error {
 /// One checked input.
 #[derive(Debug)]
 enum Input {
-    /// Records at `[offset, offset + bytes)` of a raw or `.npy` file.
+    /// Records at `[offset, offset + bytes)` of a raw, `.npy` or llm.c file.
     Records {
         path: PathBuf,
         offset: u64,
         bytes: u64,
+        kind: Kind,
     },
     /// A JSON Lines file of documents.
     Jsonl { path: PathBuf },
@@ -121,88 +128,170 @@ fn is_jsonl(path: &Path) -> bool {
         .is_some_and(|e| e.eq_ignore_ascii_case("jsonl") || e.eq_ignore_ascii_case("ndjson"))
 }
 
-/// Checks one input; `record` is the dataset's record type once known.
-fn check_input(path: &Path, record: &mut Option<RecordType>) -> Result<Input> {
+/// Checks every input (the same checks for a copy and `--in-place`); returns them with the
+/// dataset's record type: `--dtype`, else the type the first `.npy` or llm.c input defines.
+fn check_inputs(inputs: &[PathBuf], options: &PackOptions) -> Result<(Vec<Input>, RecordType)> {
+    if inputs.is_empty() {
+        return Err(Error::invalid("no INPUT files given"));
+    }
+    let mut record = options.dtype.map(RecordType::scalar);
+    // The first .npy or llm.c input may define the record type for the others.
+    if record.is_none() {
+        for p in inputs.iter().filter(|p| !is_jsonl(p)) {
+            if let Ok(Input::Records { .. }) = check_input(p, &mut record, options)
+                && record.is_some()
+            {
+                break;
+            }
+        }
+    }
+    let checked: Vec<Input> = inputs
+        .iter()
+        .map(|p| check_input(p, &mut record, options))
+        .collect::<Result<_>>()?;
+    let record = record.ok_or_else(|| Error::invalid("--dtype is required"))?;
+    Ok((checked, record))
+}
+
+/// Checks one input: what it is (sniff.rs; a file that holds no token records is refused
+/// saying what it is and what to do), that its records fit `record`, the dataset's record
+/// type once known (an `.npy` or llm.c input defines it when nothing did), and that a raw
+/// input does not look like tokens of another width than `--dtype` (`--force` skips the
+/// heuristic checks).
+fn check_input(
+    path: &Path,
+    record: &mut Option<RecordType>,
+    options: &PackOptions,
+) -> Result<Input> {
+    let at = |msg: String| Error::invalid(format!("{}: {msg}", path.display()));
     // metadata before open: opening a FIFO would block.
     let meta = fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if !meta.is_file() {
-        return Err(Error::invalid(format!(
-            "{}: not a regular file",
-            path.display()
-        )));
-    }
-    if is_jsonl(path) {
-        match record {
-            Some(r) if r.scalar_type().is_none_or(|t| !t.is_token_type()) => {
-                return Err(Error::invalid(format!(
-                    "{}: JSON Lines documents need an integer token dtype, but the dataset's \
-                     records are {}",
-                    path.display(),
-                    r.manifest_descr()
-                )));
-            }
-            Some(_) => {}
-            None => {
-                return Err(Error::invalid(format!(
-                    "{}: JSON Lines input needs --dtype (the token type)",
-                    path.display()
-                )));
-            }
-        }
-        return Ok(Input::Jsonl {
-            path: path.to_path_buf(),
-        });
+        return Err(at("not a regular file".into()));
     }
     let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
     let len = meta.len();
-    let mut magic = [0u8; 6];
-    let has_magic = len >= 6
-        && file.read_exact(&mut magic).is_ok()
-        && &magic == npy::MAGIC
-        && file.rewind().is_ok();
-    let named_npy = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("npy"));
-    if named_npy && !has_magic {
-        return Err(Error::invalid(format!(
-            "{}: named .npy but has no numpy header (\\x93NUMPY); rename it if it is a raw \
-             token file",
-            path.display()
-        )));
-    }
-    if !has_magic {
-        let Some(r) = record.as_ref() else {
-            return Err(Error::invalid(format!(
-                "{}: raw input needs --dtype (the token type)",
-                path.display()
-            )));
-        };
-        let itemsize = r.itemsize() as u64;
-        if len % itemsize != 0 {
-            return Err(Error::invalid(format!(
-                "{}: {len} bytes is not a whole number of {} records ({itemsize} bytes \
-                 each); is --dtype right?",
-                path.display(),
-                r.manifest_descr()
-            )));
+    let kind = match sniff::sniff_file(path, &file, len).map_err(|e| Error::io(path, e))? {
+        Ok(kind) => kind,
+        Err(r) if r.heuristic && options.force => Kind::Raw,
+        Err(r) => {
+            let force = if r.heuristic {
+                "; if these bytes really are token ids, pass --force"
+            } else {
+                ""
+            };
+            return Err(at(format!("{}: {}{force}", r.what, r.todo)));
         }
-        return Ok(Input::Records {
-            path: path.to_path_buf(),
-            offset: 0,
-            bytes: len,
-        });
+    };
+    match kind {
+        Kind::Jsonl => {
+            match record {
+                Some(r) if r.scalar_type().is_none_or(|t| !t.is_token_type()) => {
+                    return Err(at(format!(
+                        "JSON Lines documents need an integer token dtype, but the dataset's \
+                         records are {}",
+                        r.manifest_descr()
+                    )));
+                }
+                Some(_) => {}
+                None => return Err(at("JSON Lines input needs --dtype (the token type)".into())),
+            }
+            Ok(Input::Jsonl {
+                path: path.to_path_buf(),
+            })
+        }
+        Kind::Raw => {
+            let Some(r) = record.as_ref() else {
+                return Err(at("raw input needs --dtype (the token type)".into()));
+            };
+            let itemsize = r.itemsize() as u64;
+            if len % itemsize != 0 {
+                return Err(at(format!(
+                    "{len} bytes is not a whole number of {} records ({itemsize} bytes each); \
+                     is --dtype right?",
+                    r.manifest_descr()
+                )));
+            }
+            if let Some(t) = r.scalar_type()
+                && !options.force
+                && let Some(g) = sniff::width(&file, 0, len, t).map_err(|e| Error::io(path, e))?
+            {
+                let like = g.looks_like;
+                return Err(at(format!(
+                    "read as {t}, {}: this looks like {like} tokens; pass --dtype {like}, or \
+                     --force if {t} is right",
+                    g.evidence
+                )));
+            }
+            Ok(Input::Records {
+                path: path.to_path_buf(),
+                offset: 0,
+                bytes: len,
+                kind,
+            })
+        }
+        Kind::Llmc {
+            magic,
+            version,
+            dtype,
+            tokens,
+        } => {
+            let what = format!("llm.c shard of {dtype} tokens (magic {magic}, version {version})");
+            if let Some(flag) = options.dtype
+                && flag != dtype
+            {
+                return Err(at(format!(
+                    "{what} but --dtype is {flag}: leave --dtype out (the header defines the \
+                     token type)"
+                )));
+            }
+            let found = RecordType::scalar(dtype);
+            match record {
+                None => *record = Some(found),
+                Some(want) if *want != found => {
+                    return Err(at(format!(
+                        "{what} but the dataset's records are {} (defined by an earlier \
+                         input): pack them into separate datasets",
+                        want.manifest_descr()
+                    )));
+                }
+                Some(_) => {}
+            }
+            Ok(Input::Records {
+                path: path.to_path_buf(),
+                offset: sniff::LLMC_HEADER,
+                bytes: tokens * dtype.size() as u64,
+                kind,
+            })
+        }
+        Kind::Npy => check_npy(path, &mut file, len, record),
     }
+}
+
+/// Checks a `.npy` input: a 1-D array (Fortran order is refused for more dimensions) of a
+/// record type pack supports, whose header promises exactly the bytes the file holds.
+fn check_npy(
+    path: &Path,
+    file: &mut File,
+    len: u64,
+    record: &mut Option<RecordType>,
+) -> Result<Input> {
+    let at = |msg: String| Error::invalid(format!("{}: {msg}", path.display()));
     let mut head = Vec::with_capacity(4096);
-    (&mut file)
-        .take(65536 + 16)
+    file.take(65536 + 16)
         .read_to_end(&mut head)
         .map_err(|e| Error::io(path, e))?;
-    let header =
-        npy::parse_header(&head).map_err(|e| Error::invalid(format!("{}: {e}", path.display())))?;
+    let header = npy::parse_header(&head).map_err(|e| at(e.to_string()))?;
+    if header.descr.trim_start_matches(['|', '<', '>', '=']) == "O" {
+        return Err(at(
+            "array of Python objects (dtype object), not token ids: convert it with \
+             np.save(FILE, np.asarray(arr, dtype='uint32'))"
+                .into(),
+        ));
+    }
     let found = RecordType::from_descr(&header.descr).map_err(|e| {
-        Error::invalid(format!(
-            "{}: array dtype {} cannot be packed: {e}",
-            path.display(),
+        at(format!(
+            "array dtype {} cannot be packed: {e}",
             header.descr
         ))
     })?;
@@ -213,10 +302,9 @@ fn check_input(path: &Path, record: &mut Option<RecordType>) -> Result<Input> {
                 Some(t) if t.is_token_type() => format!("pass --dtype {t} or convert"),
                 _ => "convert".to_string(),
             };
-            return Err(Error::invalid(format!(
-                "{}: array dtype is {} ({}) but the dataset's records are {}: {hint} with \
+            return Err(at(format!(
+                "array dtype is {} ({}) but the dataset's records are {}: {hint} with \
                  arr.astype({:?})",
-                path.display(),
                 found
                     .scalar_type()
                     .map_or_else(|| "structured".to_string(), |t| t.to_string()),
@@ -227,23 +315,27 @@ fn check_input(path: &Path, record: &mut Option<RecordType>) -> Result<Input> {
         }
         Some(_) => {}
     }
+    if header.fortran_order && header.shape.len() > 1 {
+        return Err(at(format!(
+            "Fortran-order array of shape {:?}; pack takes 1-D arrays: save it as one with \
+             np.save(FILE, np.ascontiguousarray(arr).reshape(-1))",
+            header.shape
+        )));
+    }
     let [count] = header.shape[..] else {
-        return Err(Error::invalid(format!(
-            "{}: array has shape {:?}; pack takes 1-D arrays (flatten it with \
-             arr.reshape(-1))",
-            path.display(),
+        return Err(at(format!(
+            "array has shape {:?}; pack takes 1-D arrays (flatten it with arr.reshape(-1))",
             header.shape
         )));
     };
     let itemsize = found.itemsize() as u64;
     let data_bytes = count
         .checked_mul(itemsize)
-        .ok_or_else(|| Error::invalid(format!("{}: shape {count} overflows", path.display())))?;
+        .ok_or_else(|| at(format!("shape {count} overflows")))?;
     if header.data_offset.checked_add(data_bytes) != Some(len) {
-        return Err(Error::invalid(format!(
-            "{}: header promises {count} elements ({data_bytes} bytes after a {}-byte \
-             header) but the file is {len} bytes: truncated or not a plain array",
-            path.display(),
+        return Err(at(format!(
+            "header promises {count} elements ({data_bytes} bytes after a {}-byte header) but \
+             the file is {len} bytes: truncated or not a plain array",
             header.data_offset
         )));
     }
@@ -251,6 +343,7 @@ fn check_input(path: &Path, record: &mut Option<RecordType>) -> Result<Input> {
         path: path.to_path_buf(),
         offset: header.data_offset,
         bytes: data_bytes,
+        kind: Kind::Npy,
     })
 }
 
@@ -270,25 +363,7 @@ impl Written {
 
 /// Packs `inputs` into `dir`. Returns the manifest written.
 pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Manifest> {
-    if inputs.is_empty() {
-        return Err(Error::invalid("no INPUT files given"));
-    }
-    let mut record = options.dtype.map(RecordType::scalar);
-    // The first .npy may define the record type for the others.
-    if record.is_none() {
-        for p in inputs.iter().filter(|p| !is_jsonl(p)) {
-            if let Ok(Input::Records { .. }) = check_input(p, &mut record)
-                && record.is_some()
-            {
-                break;
-            }
-        }
-    }
-    let checked: Vec<Input> = inputs
-        .iter()
-        .map(|p| check_input(p, &mut record))
-        .collect::<Result<_>>()?;
-    let record = record.ok_or_else(|| Error::invalid("--dtype is required"))?;
+    let (checked, record) = check_inputs(inputs, options)?;
     let itemsize = record.itemsize() as u64;
     let shard_records = options.shard_size / itemsize;
     if shard_records == 0 {
@@ -428,6 +503,7 @@ fn write_all(writer: &mut Writer, inputs: &[Input], options: &PackOptions) -> Re
                 path,
                 offset,
                 bytes,
+                ..
             } => write_records_file(writer, path, *offset, *bytes, options.doc_sep)?,
             Input::Jsonl { path } => write_jsonl(writer, path)?,
         }
@@ -1046,6 +1122,8 @@ impl Writer {
             records: shard.bytes / self.itemsize,
             bytes: shard.bytes,
             hash: format::format_hash(shard.hasher.finish()),
+            offset: 0,
+            source_format: None,
             docs,
             in_place_mtime_ns: None,
             checksums,
@@ -1152,44 +1230,45 @@ fn write_manifest(
     Ok(manifest)
 }
 
-/// `shufflefs pack --in-place`: writes only a manifest that references the raw input files
-/// themselves as shards, without reading or copying a byte. Each file is pinned by absolute
-/// path, size and modification time; a mount refuses a file that changed since.
+/// `shufflefs pack --in-place`: writes only a manifest that references the input files
+/// themselves as shards, without copying a byte. The inputs get the checks a copy gets (one
+/// file is accepted by both or refused by both); a shard starts at its records, after an llm.c
+/// or `.npy` header (`ShardEntry::offset`). Each file is pinned by absolute path, size and
+/// modification time; a mount refuses a file that changed since.
 pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Manifest> {
-    if inputs.is_empty() {
-        return Err(Error::invalid("no INPUT files given"));
-    }
-    let dtype = options
-        .dtype
-        .ok_or_else(|| Error::invalid("--in-place needs --dtype (the token type)"))?;
     if options.doc_sep.is_some() {
         return Err(Error::invalid(
             "--in-place cannot split documents (--doc-sep): documents need files pack writes",
         ));
     }
-    let record = RecordType::scalar(dtype);
+    let (checked, record) = check_inputs(inputs, options)?;
     let itemsize = record.itemsize() as u64;
     let mut shards = Vec::new();
-    for input in inputs {
-        let abs = input.canonicalize().map_err(|e| Error::io(input, e))?;
+    for input in checked {
+        let (input, offset, bytes, kind) = match input {
+            Input::Jsonl { path } => {
+                return Err(Error::invalid(format!(
+                    "{}: --in-place references token files (raw, .npy, llm.c) as they are; JSON \
+                     Lines documents need files pack writes: pack it without --in-place",
+                    path.display()
+                )));
+            }
+            Input::Records {
+                path,
+                offset,
+                bytes,
+                kind,
+            } => (path, offset, bytes, kind),
+        };
+        if bytes == 0 {
+            // An input without records adds nothing (a copy skips it too).
+            continue;
+        }
+        let abs = input.canonicalize().map_err(|e| Error::io(&input, e))?;
         let meta = fs::metadata(&abs).map_err(|e| Error::io(&abs, e))?;
-        if !meta.is_file() {
+        if meta.len() != offset + bytes {
             return Err(Error::invalid(format!(
-                "{}: not a regular file",
-                abs.display()
-            )));
-        }
-        if is_jsonl(&abs) || has_npy_magic(&abs) {
-            return Err(Error::invalid(format!(
-                "{}: --in-place references raw token files only (not .npy or JSON Lines); \
-                 pack it without --in-place",
-                abs.display()
-            )));
-        }
-        let bytes = meta.len();
-        if bytes == 0 || bytes % itemsize != 0 {
-            return Err(Error::invalid(format!(
-                "{}: {bytes} bytes is not a positive whole number of {dtype} tokens",
+                "{}: the file changed while packing; re-run pack when it is complete",
                 abs.display()
             )));
         }
@@ -1203,10 +1282,15 @@ pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> R
             path,
             records: bytes / itemsize,
             bytes,
+            offset,
+            source_format: Some(kind.source_format().to_string()),
             docs: None,
             in_place_mtime_ns: Some(mtime),
             checksums: None,
         });
+    }
+    if shards.is_empty() {
+        return Err(Error::invalid("the inputs hold no tokens"));
     }
     if dir.exists() && !dir.is_dir() {
         return Err(Error::invalid(format!(
@@ -1228,13 +1312,6 @@ pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> R
         written.cleanup();
     }
     result
-}
-
-fn has_npy_magic(path: &Path) -> bool {
-    let mut magic = [0u8; 6];
-    File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok_and(|()| &magic == npy::MAGIC)
 }
 
 /// Writes `tokens` positional tokens of `dtype` to `path` (token `i` has value `i` modulo the

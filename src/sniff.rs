@@ -31,14 +31,19 @@
 //! [`BEYOND_VOCAB`] (2^19 = 524,288, twice the largest vocabulary in use, 262,144), or below
 //! -65,536 for a signed type. Reading `--dtype` values in groups of `k` (`k * size` is 2, 4
 //! or 8 bytes, the widest first):
-//! - *looks wider*: in at least 99.9% of the groups every value after the first is small,
-//!   and in at least 25% the first is not, in at least 256 groups: the file holds tokens
-//!   `k` times wider (u32 read as u16: every other u16 is 0, the high half of a token below
-//!   2^19). Data of a small vocabulary stored at the declared width has no such
-//!   alternation (its small values fall at every position), so it passes.
+//! - *looks wider*: in at least 25% of at least 256 groups the first value is not small,
+//!   and the values after it are the high part of one wider token: all small in at least
+//!   99.9% of the groups (u32 read as u16: every other u16 is 0 or 1, the high half of a token
+//!   below 2^19), or the same as in the previous group in at least 99% while the first value
+//!   changes in at least half (large positional values, whose high half grows slowly). Data
+//!   of a small vocabulary stored at the declared width has no such alternation (its small
+//!   values fall at every position), so it passes.
 //! - *looks narrower* (`--dtype` of 4 or 8 bytes): at least half of at least 256 values are
-//!   beyond any vocabulary (u16 read as u32: the next token lands in the high half); the
-//!   width named is the widest narrower one whose values are not (at most 1% beyond).
+//!   beyond any vocabulary, and their halves look like two tokens: the high half changes from
+//!   one value to the next in at least half of them and its mean is at least a quarter of the
+//!   low half's (u16 read as u32: the next token lands in the high half; large positional
+//!   u32 values have a slowly growing high half and pass). The width named is the widest
+//!   narrower one at which the values do not look narrower still.
 //!
 //! It cannot judge a file under 512 bytes of records, and a u8 `--dtype` only against wider
 //! tokens below 2,048. A refusal names the width the file looks like; `--force` packs it as
@@ -102,7 +107,7 @@ impl Kind {
 /// A file that does not hold token records.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {
-    /// What the file is.
+    /// What the file is (for a format in the tables: "..., not token ids").
     pub what: String,
     /// What to do instead.
     pub todo: String,
@@ -423,7 +428,7 @@ fn text_start<'a>(p: &Probe<'a>) -> Option<&'a str> {
 /// Recognises a file from its name, head, tail and size (see the module docs).
 pub fn sniff(p: &Probe<'_>) -> std::result::Result<Kind, Refusal> {
     let refuse = |k: &Known, heuristic| Refusal {
-        what: (k.what)(p),
+        what: format!("{}, not token ids", (k.what)(p)),
         todo: (k.todo)(p),
         heuristic,
     };
@@ -435,7 +440,7 @@ pub fn sniff(p: &Probe<'_>) -> std::result::Result<Kind, Refusal> {
     }
     if p.named(".npy") {
         return Err(Refusal {
-            what: "file named .npy without a numpy header (\\x93NUMPY)".into(),
+            what: "named .npy but has no numpy header (\\x93NUMPY)".into(),
             todo: "rename it if it is a raw token file".into(),
             heuristic: false,
         });
@@ -606,68 +611,103 @@ fn percent(n: u64, of: u64) -> String {
 /// `Some` when they look like tokens of another width (the module docs give the rule).
 pub fn width_of_samples(samples: &[Vec<u8>], declared: ScalarType) -> Option<WidthGuess> {
     let s = declared.size();
-    // Wider: groups of k values whose values after the first are all small.
+    // Wider: in groups of k values, the values after the first are the high part of one
+    // wider token: small, or (positional-like data) nearly constant while the first varies.
     for w in [8usize, 4, 2].into_iter().filter(|&w| w > s) {
         let k = w / s;
         let (mut groups, mut high_small, mut low_big) = (0u64, 0u64, 0u64);
+        let (mut pairs, mut high_same, mut low_same) = (0u64, 0u64, 0u64);
         for sample in samples {
+            let mut prev: Option<&[u8]> = None;
             for g in sample.chunks_exact(w) {
                 groups += 1;
                 high_small += u64::from((1..k).all(|i| small(value(g, i, declared), declared)));
                 low_big += u64::from(!small(value(g, 0, declared), declared));
+                if let Some(p) = prev {
+                    pairs += 1;
+                    high_same += u64::from(p[s..] == g[s..]);
+                    low_same += u64::from(p[..s] == g[..s]);
+                }
+                prev = Some(g);
             }
         }
-        if groups >= MIN_SAMPLES && high_small * 1000 >= groups * 999 && low_big * 4 >= groups {
+        let enough = groups >= MIN_SAMPLES && low_big * 4 >= groups;
+        let mostly_small = high_small * 1000 >= groups * 999;
+        let near_constant = high_same * 100 >= pairs * 99 && low_same * 2 <= pairs;
+        if enough && (mostly_small || near_constant) {
             let looks_like = of_width(w, declared);
-            let small_desc = if k == 2 {
-                "every second value is 0 (or small)".to_string()
+            let high = if k == 2 {
+                "every second value".to_string()
             } else {
-                format!("{} of every {k} values are 0 (or small)", k - 1)
+                format!("{} of every {k} values", k - 1)
+            };
+            let evidence = if mostly_small {
+                format!(
+                    "{high} is 0 (or small) in {} of {groups} sampled groups",
+                    percent(high_small, groups)
+                )
+            } else {
+                format!(
+                    "{high} stays the same from one group to the next in {} of {pairs} sampled \
+                     groups while the others change",
+                    percent(high_same, pairs)
+                )
             };
             return Some(WidthGuess {
                 looks_like,
-                evidence: format!(
-                    "{small_desc} in {} of {groups} sampled groups, the high part of wider \
-                     tokens",
-                    percent(high_small, groups)
-                ),
+                evidence: format!("{evidence}, as the high part of wider tokens"),
             });
         }
     }
-    // Narrower: values beyond any vocabulary.
-    if s >= 4 {
-        let count = |t: ScalarType| -> (u64, u64) {
-            let (mut n, mut beyond) = (0u64, 0u64);
-            for sample in samples {
-                let values = sample.len() / t.size();
-                for i in 0..values {
-                    n += 1;
-                    beyond += u64::from(beyond_vocab(value(sample, i, t)));
-                }
-            }
-            (n, beyond)
-        };
-        let (n, beyond) = count(declared);
-        if n >= MIN_SAMPLES && beyond * 2 >= n {
-            let looks_like = [s / 2, s / 4]
-                .into_iter()
-                .filter(|&w| w >= 2)
-                .map(|w| of_width(w, declared))
-                .find(|&t| {
-                    let (n, beyond) = count(t);
-                    t.size() == 2 || beyond * 100 <= n
-                })
-                .expect("2-byte tokens are never beyond the vocabulary bound");
-            return Some(WidthGuess {
-                looks_like,
-                evidence: format!(
-                    "{} of {n} sampled values are beyond any vocabulary (above {BEYOND_VOCAB})",
-                    percent(beyond, n)
-                ),
-            });
+    // Narrower: the widest narrower type at which the sample does not look narrower still.
+    let (n, beyond) = narrower(samples, declared)?;
+    let looks_like = [s / 2, s / 4]
+        .into_iter()
+        .filter(|&w| w >= 2)
+        .map(|w| of_width(w, declared))
+        .find(|&t| narrower(samples, t).is_none())
+        .expect("2-byte tokens never look narrower");
+    Some(WidthGuess {
+        looks_like,
+        evidence: format!(
+            "{} of {n} sampled values are beyond any vocabulary (above {BEYOND_VOCAB}) and \
+             their high halves look like tokens too",
+            percent(beyond, n)
+        ),
+    })
+}
+
+/// Whether values of `t` (4 or 8 bytes) look like two narrower tokens each: at least half
+/// are beyond any vocabulary, and the high half changes from one value to the next and is
+/// not much smaller than the low half (unlike large positional values, whose high half grows
+/// slowly). Returns (values, values beyond) when they do.
+fn narrower(samples: &[Vec<u8>], t: ScalarType) -> Option<(u64, u64)> {
+    let s = t.size();
+    if s < 4 {
+        return None;
+    }
+    let half = s / 2;
+    let unsigned = |b: &[u8]| -> u128 {
+        let mut le = [0u8; 16];
+        le[..b.len()].copy_from_slice(b);
+        u128::from_le_bytes(le)
+    };
+    let (mut n, mut beyond, mut changes) = (0u64, 0u64, 0u64);
+    let (mut sum_lo, mut sum_hi) = (0u128, 0u128);
+    for sample in samples {
+        let mut prev_hi = None;
+        for (i, v) in sample.chunks_exact(s).enumerate() {
+            n += 1;
+            beyond += u64::from(beyond_vocab(value(sample, i, t)));
+            let (lo, hi) = (unsigned(&v[..half]), unsigned(&v[half..]));
+            sum_lo += lo;
+            sum_hi += hi;
+            changes += u64::from(prev_hi.is_some_and(|p| p != hi));
+            prev_hi = Some(hi);
         }
     }
-    None
+    let alike = changes * 2 >= n && sum_hi * 4 >= sum_lo;
+    (n >= MIN_SAMPLES && beyond * 2 >= n && alike).then_some((n, beyond))
 }
 
 /// Samples `bytes` bytes of records at `offset` of `file` and checks them against `declared`
@@ -783,12 +823,17 @@ mod tests {
         f.extend_from_slice(&[1, 0, 2, 0, 3, 0]);
         assert_eq!(sniff(&probe("x.bin", &f)), Ok(Kind::Npy));
         let r = refused("x.npy", &u16_tokens(100));
-        assert!(r.what.contains("without a numpy header"), "{r:?}");
+        assert!(
+            r.what.contains("named .npy but has no numpy header"),
+            "{r:?}"
+        );
         let doc = b"{\"tokens\": [1, 2, 3]}\n{\"tokens\": [4]}\n";
         assert_eq!(sniff(&probe("d.jsonl", doc)), Ok(Kind::Jsonl));
         assert_eq!(sniff(&probe("d.NDJSON", doc)), Ok(Kind::Jsonl));
         let r = refused("d.bin", doc);
-        assert!(r.heuristic && r.what == "JSON Lines text" && r.todo.contains(".jsonl"));
+        assert!(
+            r.heuristic && r.what == "JSON Lines text, not token ids" && r.todo.contains(".jsonl")
+        );
     }
 
     #[test]
@@ -881,7 +926,10 @@ mod tests {
         }
         let mut plain_zip = zip;
         plain_zip[30..46].copy_from_slice(b"archive/data.bin");
-        assert_eq!(refused("t.zip", &plain_zip).what, "zip archive");
+        assert_eq!(
+            refused("t.zip", &plain_zip).what,
+            "zip archive, not token ids"
+        );
     }
 
     #[test]
@@ -917,15 +965,22 @@ mod tests {
             "c.txt",
             b"First Citizen:\nBefore we proceed any further, hear me.\n",
         );
-        assert!(r.heuristic && r.what == "plain text", "{r:?}");
+        assert!(
+            r.heuristic && r.what == "plain text, not token ids",
+            "{r:?}"
+        );
         let r = refused("j.bin", b"  {\"input_ids\": [1, 2, 3, 4, 5, 6]}");
-        assert!(r.heuristic && r.what == "JSON text", "{r:?}");
+        assert!(r.heuristic && r.what == "JSON text, not token ids", "{r:?}");
         let r = refused("j.bin", "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n".as_bytes());
-        assert_eq!(r.what, "JSON text");
+        assert_eq!(r.what, "JSON text, not token ids");
         // UTF-8 cut at the end of the head of a longer file is still text.
         let mut long = format!("a{}", "é".repeat(PROBE));
         long.push('\n');
-        assert!(refused("u.txt", long.as_bytes()).what == "plain text");
+        assert!(
+            refused("u.txt", long.as_bytes())
+                .what
+                .starts_with("plain text")
+        );
         // Token data is not text: positional u8, u16 and u32 tokens, a short file.
         let u8s: Vec<u8> = (0..=255u8).collect();
         for bytes in [
@@ -1024,6 +1079,23 @@ mod tests {
         ] {
             assert_eq!(guess(data, t), None, "{what}");
         }
+        // Large positional values (token i is i) at their own width, and read narrow.
+        let pos32: Vec<u8> = (0..500_000u32)
+            .map(|i| i * 20)
+            .flat_map(u32::to_le_bytes)
+            .collect();
+        assert_eq!(
+            guess(&pos32, U32),
+            None,
+            "positional u32 beyond the vocabulary bound"
+        );
+        assert_eq!(guess(&pos32, U64), Some(U32));
+        let pos64: Vec<u8> = (0..200_000u64)
+            .map(|i| i * 30_000)
+            .flat_map(u64::to_le_bytes)
+            .collect();
+        assert_eq!(guess(&pos64, U64), None);
+        assert_eq!(guess(&pos32, U16), Some(U32), "near-constant high halves");
         // Too few values to judge.
         assert_eq!(guess(&u32_tokens(100, 50257), U16), None);
     }

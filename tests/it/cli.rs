@@ -125,7 +125,10 @@ fn pack_refuses_bad_inputs_and_leaves_nothing() {
             &["ok.bin", "missing.bin", "--dtype", "u32"],
             "missing.bin: No such file",
         ),
-        (&["ok.bin", "--dtype", "f32"], "unknown dtype \"f32\""),
+        (
+            &["ok.bin", "--dtype", "f32"],
+            "--dtype \"f32\" (f32) is not a token type",
+        ),
         (
             &["ok.bin", "--dtype", "u32", "--shard-size", "2"],
             "smaller than one record",

@@ -454,6 +454,8 @@ fn key_order(map: &serde_json::Map<String, Value>) -> &'static [&'static str] {
             "docs",
             "in_place_mtime_ns",
             "checksums",
+            "offset",
+            "source_format",
         ]
     } else if map.contains_key("block") {
         &["file", "block", "hash"]
