@@ -157,9 +157,13 @@ pub struct Known {
     pub todo: fn(&Probe<'_>) -> String,
 }
 
-const TABLE_TODO: &str = "shufflefs packs token ids, not tables: write the token column as a \
-                          1-D .npy first, e.g. with pyarrow and numpy: np.save('tokens.npy', \
-                          np.concatenate(table['input_ids'].to_numpy(zero_copy_only=False)))";
+/// What to do with a table of token lists: `read` is the Python expression that loads it.
+fn table_todo(read: &str) -> String {
+    format!(
+        "write its token column as a 1-D .npy and pack that, e.g. in Python: table = {read}; \
+         np.save('tokens.npy', np.concatenate(table['input_ids'].to_numpy(zero_copy_only=False)))"
+    )
+}
 
 /// Formats recognised with certainty (magic numbers with structure, or datatrove's names).
 /// Checked first, in this order.
@@ -167,24 +171,19 @@ pub const KNOWN: &[Known] = &[
     Known {
         test: |p| p.len >= 12 && p.starts(b"PAR1") && (p.ends(b"PAR1") || p.ends(b"PARE")),
         what: |_| "parquet table".into(),
-        todo: |_| {
-            format!(
-                "{TABLE_TODO} (table = pyarrow.parquet.read_table(FILE, columns=['input_ids']))"
-            )
-        },
+        todo: |_| table_todo("pyarrow.parquet.read_table(FILE, columns=['input_ids'])"),
     },
     Known {
         test: |p| p.starts(b"ARROW1\0\0"),
         what: |_| "Arrow IPC file".into(),
-        todo: |_| format!("{TABLE_TODO} (table = pyarrow.ipc.open_file(FILE).read_all())"),
+        todo: |_| table_todo("pyarrow.ipc.open_file(FILE).read_all()"),
     },
     Known {
         test: arrow_stream,
         what: |_| "Arrow IPC stream (as Hugging Face datasets save_to_disk writes)".into(),
         todo: |_| {
-            format!(
-                "{TABLE_TODO} (table = pyarrow.ipc.open_stream(FILE).read_all(), or \
-                 datasets.load_from_disk(DIR).data.table)"
+            table_todo(
+                "pyarrow.ipc.open_stream(FILE).read_all() (or datasets.load_from_disk(DIR).data.table)",
             )
         },
     },
@@ -636,19 +635,19 @@ pub fn width_of_samples(samples: &[Vec<u8>], declared: ScalarType) -> Option<Wid
         let near_constant = high_same * 100 >= pairs * 99 && low_same * 2 <= pairs;
         if enough && (mostly_small || near_constant) {
             let looks_like = of_width(w, declared);
-            let high = if k == 2 {
-                "every second value".to_string()
+            let (high, is) = if k == 2 {
+                ("every second value".to_string(), "is")
             } else {
-                format!("{} of every {k} values", k - 1)
+                (format!("{} of every {k} values", k - 1), "are")
             };
             let evidence = if mostly_small {
                 format!(
-                    "{high} is 0 (or small) in {} of {groups} sampled groups",
+                    "{high} {is} 0 (or small) in {} of {groups} sampled groups",
                     percent(high_small, groups)
                 )
             } else {
                 format!(
-                    "{high} stays the same from one group to the next in {} of {pairs} sampled \
+                    "{high} {is} the same from one group to the next in {} of {pairs} sampled \
                      groups while the others change",
                     percent(high_same, pairs)
                 )

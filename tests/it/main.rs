@@ -12,6 +12,8 @@
 //!   threads, cache and read order, random read ranges, and name fuzzing (issue #5);
 //! - `faults`: a concurrent soak, SIGKILLed daemons and shards mutated under a live mount;
 //! - `fds`: bounded open descriptors (`--max-open-shards`) and shards replaced under them;
+//! - `inputs`: pack inputs as the real tools write them (llm.c, numpy, parquet, archives...):
+//!   exact tokens or a refusal saying what the file is, the same for a copy and --in-place;
 //! - `inject`: faults injected behind the read path (EIO, short reads, stalls) with a read
 //!   deadline: errors within deadline + 1 s, never wrong bytes, the mount responsive;
 //! - `ops`: the mount(8) helper and the systemd units in deploy/;
@@ -28,6 +30,7 @@ mod exhaustive;
 mod faults;
 mod fds;
 mod inject;
+mod inputs;
 mod model;
 mod mounted;
 mod ops;
