@@ -56,7 +56,8 @@ const MAX_ENTRIES: u64 = 1 << 32;
 /// Options of `shufflefs pack`.
 #[derive(Clone, Debug)]
 pub struct PackOptions {
-    /// The token type (`--dtype`); required unless an `.npy` input defines the record type.
+    /// The token type (`--dtype`); required unless an `.npy` or llm.c input defines the record
+    /// type.
     pub dtype: Option<ScalarType>,
     /// Upper bound of a shard's size in bytes (rounded down to whole records).
     pub shard_size: u64,
