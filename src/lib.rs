@@ -10,6 +10,7 @@
 //! | [`cache`], [`prefetch`] | which finished step files are kept, which are assembled ahead? | no |
 //! | [`view`] | what are the bytes of a step file, `S.json`, `info.json`? | no |
 //! | [`plan`] | which observations are in (epoch, rank, step)? where is observation i? | no |
+//! | [`mixture`] | how many rows of each source in a global step, which ones, in which slots? | no |
 //! | [`feistel`] | the keyed permutation of `[0, n)` | no |
 //! | [`window`] | which tokens make observation i? | no |
 //! | [`npy`] | the `.npy` header, byte for byte as numpy writes it | no |
@@ -35,6 +36,7 @@ pub mod format;
 pub mod fs;
 pub mod fuse;
 pub mod logging;
+pub mod mixture;
 pub mod mount;
 pub mod npy;
 pub mod pack;
