@@ -10,9 +10,9 @@
 //!
 //! - `C_k(g)`: rows of source `k` in steps `0..g`; `E_k(g) = sum_{x<g} G_x w_k(x)`.
 //! - lag `l_k(g) = E_k(g) - C_k(g)`; `sum_k l_k = 0`; every lag is a multiple of `1/D` and the
-//!   code keeps `D * l_k` exactly in an `i128`. No floating point is used after [`normalize`].
+//!   code keeps `D * l_k` exactly in an `i64`. No floating point is used after [`normalize`].
 //!
-//! # One step (O(K log K))
+//! # One step (`O(K)`, `O(K log K)` for more than 32 sources)
 //!
 //! `a_k = l_k + G w_k` is the lag at the end of the step if `k` got no row. With
 //! `beta = 1 - floor(D/(2K-2))/D` (so `1 - 1/(2K-2) <= beta < 1 - 1/(2K-2) + 2^-32`; 0 for K = 1):
@@ -34,16 +34,18 @@
 //!
 //! 1. Always, across any weight and batch changes: `-beta <= l_k <= b_1`. A source is never a
 //!    whole row ahead (`C - E <= beta < 1`); it is at most `b_1` behind: `b_1 = 1/2, 7/8, 4/3,
-//!    17/12, 26/15, 85/48` for `K = 2..7` (about `1 + ln(K)/2` beyond).
+//!    17/12, 26/15, 85/48` for `K = 2..7`, below `H_K - 2/3` up to `K = 128` (`H_K` the harmonic
+//!    number).
 //! 2. While the weights are those of step 0 (the global batch may change at any step):
 //!    `|l_k| <= beta`, Tijdeman's bound `1 - 1/(2K-2)` (up to `2^-32`), which is `< 1`.
 //! 3. The same `|l_k| <= beta` holds after a weight change whenever some assignment from the
 //!    lags at the change keeps `|l| <= beta` under the new weights (EDF finds it).
 //! 4. No rule can promise `< 1` across weight changes for `K >= 4`: "steps before `g_0` are
-//!    identical to a run without the change" makes every rule online. With `G = 1`, weights `1/4`
-//!    each at step 0, `1/3` on the three sources not served at step 0 at step 1, `1/2` on the two
-//!    not served yet at step 2, some lag reaches `1/4 + 1/3 + 1/2 = 13/12` unless a source goes a
-//!    whole row ahead (in general `H_K - 1`). `K <= 3` is always `< 1` by 1.
+//!    identical to a run without the change" makes every rule online, and for every online rule
+//!    there is a schedule that defeats it. With `G = 1`: weights `1/4` each at step 0, then `1/3`
+//!    on the three sources not served at step 0, then `1/2` on the two not served yet; a source
+//!    served twice is a whole row ahead, so the last one is `1/4 + 1/3 + 1/2 = 13/12` behind
+//!    (`H_K - 1` with `K` sources). For `K <= 3`, 1 gives `< 1` always.
 //!
 //! *Proof of 1* (`l` stays in `P`; `0` is in `P`). EDF results are kept only inside `P`.
 //! Water-filling has (*): if `c_m >= 1` then `l'_i <= l'_m + 1` for every `i` (the last value
@@ -53,7 +55,9 @@
 //! `sum_U l' <= sum_U l <= b_{j+p}`; by (*) each `l'_i`, `i in S`, is at most `mean_T l' + 1`,
 //! so `sum_S l' (1 + p/j) - p <= sum_U l' <= b_{j+p}`, i.e. `sum_S l' <= j (b_{j+p} + p)/(j+p)
 //! <= b_j`. Hence `l_k <= b_1` and `l_k = -sum_{i != k} l_i >= -b_{K-1} = -beta` (since `(K-1)/K
-//! <= beta`). The bound is tight up to the EDF box: greedy alone gives `H_K - 1`, optimal online.
+//! <= beta`). (Water-filling alone keeps `b_j = j (H_K - H_j)`, i.e. `l <= H_K - 1`, the online
+//! optimum of 4, but not `< 1` under constant weights: 1.013 for `K = 5`, `G = 1`; the EDF box
+//! costs the difference.)
 //!
 //! *Proof of 2 and 3.* The rows of source `k` are unit jobs `J = 1, 2, ...`; `J` may go in a step
 //! ending at row `R` only if `J <= E_k(R) + beta` (release) and must go in a step ending no later
@@ -75,14 +79,15 @@
 //!   derived from the run seed and the source *name* (stable when sources are added, removed,
 //!   reordered or reweighted).
 //! - Step `x` holds draws `C_k(x) .. C_k(x) + c_k(x)` of each source, laid out source by source
-//!   (in name order) in positions `[0, G)`; slot `s` holds position `perm_slots,x(s)` (a keyed permutation of the
-//!   `G` slots per step). Row `j` of rank `r` is slot `j * ranks + r`, so a global step depends
-//!   only on `G` ([`Batch`]).
+//!   (in name order) in positions `[0, G)`; slot `s` holds position `perm_{slots,x}(s)`, a keyed
+//!   permutation of the `G` slots of step `x`. Row `j` of rank `r` is slot `j * ranks + r`, so a
+//!   global step depends only on `G` ([`Batch`]).
 //! - Counts at step `x` depend only on the segments starting at or before `x`; draws continue
 //!   across changes, so no row is repeated or skipped.
 //!
 //! Random access replays the steps from the nearest checkpoint ([`CHECKPOINT_STEPS`] apart,
-//! filled in lazily, `O(K)` memory each); docs are in `notes/mixture-design.md`.
+//! filled in lazily, `O(K)` memory each): nothing is stored per step, and no closed form is
+//! known for a quota rule with more than two sources.
 
 use crate::feistel::{Permutation, mix};
 use std::cmp::{Ordering, Reverse};
@@ -1169,6 +1174,8 @@ pub struct Batch<'a> {
     /// `offsets[r]` = first position of the source of rank `r`; `offsets[K] = G`.
     offsets: Vec<u64>,
     slots: Permutation,
+    /// Per source, the permutation of the source epoch of its first draw in this step.
+    epochs: Vec<(u64, Permutation)>,
 }
 
 impl<'a> Batch<'a> {
@@ -1181,11 +1188,21 @@ impl<'a> Batch<'a> {
             offsets.push(at);
         }
         let slots = Permutation::new(counts.global_batch, mixture.slot_key, counts.step);
+        let epochs = mixture
+            .orders
+            .iter()
+            .zip(&counts.drawn)
+            .map(|(o, &j)| {
+                let e = j / o.train_len();
+                (e, o.epoch_permutation(e))
+            })
+            .collect();
         Batch {
             mixture,
             counts,
             offsets,
             slots,
+            epochs,
         }
     }
 
@@ -1200,10 +1217,18 @@ impl<'a> Batch<'a> {
         let r = self.offsets.partition_point(|&o| o <= p) - 1;
         let k = self.mixture.by_rank[r];
         let draw = self.counts.drawn[k] + (p - self.offsets[r]);
+        let order = &self.mixture.orders[k];
+        let (m, (e, perm)) = (order.train_len(), &self.epochs[k]);
+        let t = if draw / m == *e {
+            perm.apply(draw % m)
+        } else {
+            // the step crosses into the source's next epoch
+            order.epoch_permutation(draw / m).apply(draw % m)
+        };
         Row {
             source: k,
             draw,
-            observation: self.mixture.orders[k].observation(draw),
+            observation: order.train_observation(t),
         }
     }
 
