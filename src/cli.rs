@@ -169,6 +169,15 @@ pub struct MountArgs {
     /// The plan.
     #[command(flatten)]
     pub plan: PlanOptions,
+    /// The mount's own options.
+    #[command(flatten)]
+    pub options: MountFlags,
+}
+
+/// The options of `shufflefs mount` beyond the plan. None of them changes a byte served, so
+/// `plan` accepts them too (a mount command line pasted into `plan --info` works).
+#[derive(Debug, Args, Clone)]
+pub struct MountFlags {
     /// Stay attached to the terminal (logs on stderr; Ctrl-C unmounts).
     #[arg(long, short = 'f', help_heading = MOUNT_HEADING)]
     pub foreground: bool,
@@ -235,6 +244,10 @@ pub struct MountArgs {
     /// otherwise) [default: 4096, or what the open-file limit leaves].
     #[arg(long, value_name = "N", value_parser = ranged_usize(1, MAX_OPEN_FILES), help_heading = MOUNT_HEADING)]
     pub max_open_shards: Option<usize>,
+    /// Most names a directory listing shows (the first N in listing order; every name beyond
+    /// stays reachable by its path). 0: no bound.
+    #[arg(long, value_name = "N", default_value_t = crate::fs::DEFAULT_MAX_LISTING, help_heading = MOUNT_HEADING)]
+    pub max_listing: u64,
 }
 
 /// `shufflefs unmount`.
@@ -280,9 +293,17 @@ pub struct InspectArgs {
 pub struct PlanArgs {
     /// The packed dataset directory.
     pub dataset_dir: PathBuf,
+    /// Ignored (so a mount command line can be pasted as it is).
+    #[arg(value_name = "MOUNTPOINT")]
+    pub mountpoint: Option<PathBuf>,
     /// The plan.
     #[command(flatten)]
     pub plan: PlanOptions,
+    /// Mount options: accepted so a mount command line can be pasted; none changes a byte.
+    /// `--expect-fingerprint` is checked and `--max-listing` shows in info.json; the rest
+    /// are ignored.
+    #[command(flatten)]
+    pub mount: MountFlags,
     /// Epoch of the step to print.
     #[arg(long, required_unless_present = "info")]
     pub epoch: Option<u64>,

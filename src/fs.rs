@@ -38,6 +38,9 @@ use crate::view::{View, json_len, json_range};
 /// The root directory's inode number (fixed by FUSE).
 pub const ROOT_INO: u64 = 1;
 
+/// Most names a directory listing shows by default (`--max-listing`).
+pub const DEFAULT_MAX_LISTING: u64 = 10_000;
+
 /// Permission bits of files.
 pub const FILE_PERM: u16 = 0o444;
 /// Permission bits of directories.
@@ -326,6 +329,24 @@ impl Inodes {
     }
 }
 
+/// The directories whose number of names grows with the plan, as path patterns, with that
+/// number (every other directory holds one to five names). `info.json` reports those a
+/// bounded listing cuts short.
+pub fn listing_sizes(plan: &crate::plan::Plan) -> [(&'static str, u64); 6] {
+    let (epochs, observations) = (plan.epochs(), plan.n_observations());
+    [
+        ("epoch", epochs),
+        ("epoch/E/rank", plan.ranks()),
+        (
+            "epoch/E/rank/R/step",
+            plan.steps_per_epoch().saturating_mul(2),
+        ),
+        ("observation", observations.saturating_mul(2)),
+        ("lookup/epoch", epochs),
+        ("lookup/epoch/E/observation", observations),
+    ]
+}
+
 /// Splits `name` into a canonical index below `bound` and one of the suffixes.
 fn parse_file(name: &[u8], bound: u64, suffix: &[u8]) -> Option<u64> {
     name.strip_suffix(suffix)
@@ -358,6 +379,8 @@ pub struct ShuffleFs {
     /// Benchmarking only: every step read is answered from this one file.
     stub: Option<Arc<[u8]>>,
     inodes: Inodes,
+    /// Most names a listing shows (0: no bound); see [`ShuffleFs::readdir`].
+    max_listing: u64,
     /// Recently rendered JSON files. A JSON file is rendered for `stat` (its size) and again
     /// for each READ (a reader's last READ, at EOF, included); with metadata rows that costs
     /// real reads, so the last few are kept. Bounded by [`JSON_CACHE_ENTRIES`] files of at most
@@ -386,12 +409,14 @@ impl ShuffleFs {
             plan.steps_per_epoch(),
             plan.n_observations(),
         )?;
+        let max_listing = view.info().max_listing;
         Ok(ShuffleFs {
             view: Arc::new(view),
             cache: None,
             prefetcher: None,
             stub: None,
             inodes,
+            max_listing,
             json_cache: Mutex::new(LruCache::new(
                 NonZeroUsize::new(JSON_CACHE_ENTRIES).expect("non-zero"),
             )),
@@ -759,10 +784,15 @@ impl ShuffleFs {
 
     /// Lists directory `ino` from `offset` (0 = start; every entry carries the offset to
     /// resume after it) until `sink` is full. O(1) memory and O(1) work per entry, whatever
-    /// the directory size.
+    /// the directory size. A bounded listing (`--max-listing N`, N > 0) shows `.`, `..` and
+    /// the first N names in listing order; every name beyond them is still found by
+    /// [`ShuffleFs::lookup`].
     pub fn readdir(&self, ino: u64, offset: u64, sink: &mut impl DirSink) -> Result<()> {
         let node = self.opendir(ino)?;
-        let len = self.dir_len(node);
+        let mut len = self.dir_len(node);
+        if self.max_listing > 0 {
+            len = len.min(self.max_listing.saturating_add(2));
+        }
         let mut k = offset;
         while k < len {
             let (child, name) = match k {

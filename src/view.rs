@@ -62,6 +62,9 @@ pub struct ViewConfig {
     pub mode: Mode,
     /// Value of the first field of padding records in documents mode (`--pad-id`).
     pub pad_id: Option<i128>,
+    /// Most names a directory listing shows (`--max-listing`; 0: no bound). Changes no byte
+    /// of any file but `info.json`, which reports it.
+    pub max_listing: u64,
 }
 
 impl ViewConfig {
@@ -83,6 +86,7 @@ impl ViewConfig {
             epochs,
             mode: Mode::Stream,
             pad_id: None,
+            max_listing: crate::fs::DEFAULT_MAX_LISTING,
         }
     }
 }
@@ -142,13 +146,34 @@ pub struct Info {
     pub format_version: u32,
     /// Permutation algorithm name.
     pub algorithm: &'static str,
-    /// Hash of everything that determines the bytes served: store it with a checkpoint and
-    /// refuse to resume when it differs.
+    /// Hash of the data and the global plan: everything that determines the bytes and order
+    /// of every global step (all ranks' rows of one step), and nothing else. Store it with a
+    /// checkpoint and refuse to resume when it differs (`--expect-fingerprint`). Splitting the
+    /// global batch over other ranks, or exposing more epochs, keeps it.
     pub fingerprint: String,
+    /// Hash of `fingerprint` and the rank layout (`batch_size`, `ranks`, `epochs`): equal
+    /// exactly when every file of the tree has the same bytes.
+    pub layout_fingerprint: String,
+    /// Most names a directory listing shows (`--max-listing`; 0: no bound).
+    pub max_listing: u64,
+    /// The directories whose listing that bound cuts short, with their true number of names
+    /// (every name stays reachable by its path).
+    pub truncated_listings: Vec<TruncatedListing>,
     /// The dataset directory (informational, not part of the fingerprint).
     pub dataset: String,
     /// The shufflefs version serving the mount (informational).
     pub shufflefs_version: &'static str,
+}
+
+/// A directory whose listing shows fewer names than it holds (`info.json`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TruncatedListing {
+    /// The directory, as a path pattern (`epoch/E/rank/R/step`: every such directory).
+    pub dir: &'static str,
+    /// Names it holds.
+    pub names: u64,
+    /// Names its listing shows: the first ones in listing order.
+    pub listed: u64,
 }
 
 /// The observation ids of a step and their first records (tests and tools).
@@ -313,10 +338,22 @@ impl View {
             format_version: manifest.version,
             algorithm: feistel::ALGORITHM,
             fingerprint: String::new(),
+            layout_fingerprint: String::new(),
+            max_listing: config.max_listing,
+            truncated_listings: crate::fs::listing_sizes(&plan)
+                .into_iter()
+                .filter(|&(_, names)| config.max_listing > 0 && names > config.max_listing)
+                .map(|(dir, names)| TruncatedListing {
+                    dir,
+                    names,
+                    listed: config.max_listing,
+                })
+                .collect(),
             dataset: dataset.dir().display().to_string(),
             shufflefs_version: env!("CARGO_PKG_VERSION"),
         };
         info.fingerprint = fingerprint(&info, manifest);
+        info.layout_fingerprint = layout_fingerprint(&info);
         let mut info_json = serde_json::to_vec_pretty(&info).expect("info serializes");
         info_json.push(b'\n');
         Ok(View {
@@ -366,6 +403,23 @@ impl View {
     /// The mount's fingerprint (16 hex digits).
     pub fn fingerprint(&self) -> &str {
         &self.info.fingerprint
+    }
+
+    /// `--expect-fingerprint`: an error unless `expected` (white space around it ignored, any
+    /// case) is this view's fingerprint.
+    pub fn check_fingerprint(&self, expected: &str) -> Result<()> {
+        let fingerprint = &self.info.fingerprint;
+        if expected.trim().eq_ignore_ascii_case(fingerprint) {
+            return Ok(());
+        }
+        Err(Error::invalid(format!(
+            "--expect-fingerprint {expected} does not match this mount's fingerprint \
+             {fingerprint}: the dataset (its content or checksums), the global plan (seed, \
+             window, stride, global batch = batch size x ranks, mode, pad id) or the format or \
+             algorithm version differ from the run being resumed (ranks, batch size and epochs \
+             may change while batch size x ranks stays); compare `shufflefs plan DATASET_DIR \
+             ... --info` outputs, or drop the flag to start a new order"
+        )))
     }
 
     /// Size of every step `.npy` file.
@@ -761,15 +815,22 @@ fn write_spans(w: &mut impl Write, spans: &[Span], pad: Option<(u64, u64)>) -> s
     w.write_all(b"]")
 }
 
-/// The fingerprint covers every input that determines the served bytes and their order:
-/// formats and algorithm, the plan parameters, and the dataset identity.
+/// The fingerprint: a hash of the data and the global plan, that is of everything that
+/// determines the bytes and the order of every global step (the `global_batch` rows of one
+/// step, all ranks together, in position order), and of nothing else. It covers the formats
+/// and the algorithm, the dataset identity, the geometry of an observation (mode, window,
+/// stride, pad id), the seed and the global batch; it does not cover how the global batch is
+/// split over ranks (`batch_size`, `ranks`) nor how many epochs are exposed (epoch `e` is the
+/// same whatever `epochs`), so an elastic resume or a longer run keeps it.
+///
+/// Everything that changes a global step's bytes or order must enter here, and only here (a
+/// schedule of mixtures, for one, will add its entries up to the step served).
 fn fingerprint(info: &Info, manifest: &format::Manifest) -> String {
     // An explicit canonical text, one `key=value` line each in a fixed order, so the value
     // depends on nothing but these inputs.
     let mut canonical = format!(
         "format={}\nformat_version={}\nalgorithm={}\nnpy=1.0\nmode={}\ndtype={}\n\
-         n_tokens={}\nwindow={}\nstride={}\nbatch_size={}\nranks={}\nseed={}\nepochs={}\n\
-         content_hash={}\n",
+         n_tokens={}\nwindow={}\nstride={}\nglobal_batch={}\nseed={}\ncontent_hash={}\n",
         format::FORMAT_NAME,
         manifest.version,
         feistel::ALGORITHM,
@@ -778,10 +839,8 @@ fn fingerprint(info: &Info, manifest: &format::Manifest) -> String {
         info.n_tokens,
         info.window,
         info.stride,
-        info.batch_size,
-        info.ranks,
+        info.global_batch,
         info.seed,
-        info.epochs,
         manifest.content_hash,
     );
     if let Some(pad) = info.pad_id {
@@ -796,8 +855,22 @@ fn fingerprint(info: &Info, manifest: &format::Manifest) -> String {
             canonical.push_str(&format!("shard_docs={},{}\n", d.documents, d.hash));
         }
     }
+    hash_text(&canonical)
+}
+
+/// The layout fingerprint: the fingerprint plus the rank layout, so equal exactly when every
+/// file of the tree (each rank's `S.npy` and `S.json`, and which epochs exist) is the same.
+fn layout_fingerprint(info: &Info) -> String {
+    hash_text(&format!(
+        "fingerprint={}\nbatch_size={}\nranks={}\nepochs={}\n",
+        info.fingerprint, info.batch_size, info.ranks, info.epochs
+    ))
+}
+
+/// [`ContentHasher`] of `text`, as 16 hex digits.
+fn hash_text(text: &str) -> String {
     let mut h = ContentHasher::new();
-    h.update(canonical.as_bytes());
+    h.update(text.as_bytes());
     format::format_hash(h.finish())
 }
 

@@ -64,7 +64,13 @@ fn parse_mode(flag: &str, text: &str) -> Result<u16> {
 }
 
 /// Runs `mount`.
-pub fn run(args: MountArgs) -> Result<()> {
+pub fn run(command: MountArgs) -> Result<()> {
+    let MountArgs {
+        dataset_dir,
+        mountpoint,
+        plan,
+        options: args,
+    } = command;
     let fd_limit = raise_open_file_limit();
     // Taken before anything else opens files: the daemon points its standard descriptors at
     // /dev/null even when the dataset uses every other descriptor it may (a caller's stderr
@@ -89,17 +95,21 @@ pub fn run(args: MountArgs) -> Result<()> {
         open_descriptors(),
         reserved_descriptors(threads, args.prefetch_workers),
     )?;
-    let mut dataset = crate::dataset::Dataset::open_bounded(&args.dataset_dir, max_open)?;
+    let mut dataset = crate::dataset::Dataset::open_bounded(&dataset_dir, max_open)?;
     if args.verify_reads {
         dataset = dataset.with_verified_reads()?;
         info!("--verify-reads: every shard read is checked against the block checksums");
     }
-    let view = View::new(dataset, &ViewConfig::from(&args.plan))?;
+    let config = ViewConfig {
+        max_listing: args.max_listing,
+        ..ViewConfig::from(&plan)
+    };
+    let view = View::new(dataset, &config)?;
     let info = view.info();
     info!(
         "dataset {}: {} tokens, {} observations of {} (stride {}), {} steps/epoch x {} ranks x \
          {} epochs, fingerprint {}",
-        args.dataset_dir.display(),
+        dataset_dir.display(),
         info.n_tokens,
         info.n_observations,
         info.window,
@@ -111,17 +121,8 @@ pub fn run(args: MountArgs) -> Result<()> {
     );
     let cache_size = crate::pack::parse_size(&args.cache_size)?;
     check_cache_size(cache_size, memory_limit())?;
-    if let Some(expected) = &args.expect_fingerprint
-        && !expected.trim().eq_ignore_ascii_case(&info.fingerprint)
-    {
-        return Err(Error::invalid(format!(
-            "--expect-fingerprint {expected} does not match this mount's fingerprint {}: the \
-             dataset (its content or checksums), the plan options (seed, window, stride, batch \
-             size, ranks, epochs, mode, pad id) or the format or algorithm version differ from \
-             the run being resumed; compare `shufflefs plan DATASET_DIR ... --info` outputs, or \
-             drop the flag to start a new order",
-            info.fingerprint
-        )));
+    if let Some(expected) = &args.expect_fingerprint {
+        view.check_fingerprint(expected)?;
     }
     let read_timeout = parse_seconds("--read-timeout", &args.read_timeout)?;
     let owner = Ownership {
@@ -156,11 +157,10 @@ pub fn run(args: MountArgs) -> Result<()> {
             adaptive: true,
         },
     ));
-    let mountpoint = prepare_mountpoint(&args.mountpoint, args.on_top)?;
-    let dataset = args
-        .dataset_dir
+    let mountpoint = prepare_mountpoint(&mountpoint, args.on_top)?;
+    let dataset = dataset_dir
         .canonicalize()
-        .unwrap_or_else(|_| args.dataset_dir.clone());
+        .unwrap_or_else(|_| dataset_dir.clone());
     let options = MountOptions {
         threads,
         allow_other: args.allow_other,

@@ -1,6 +1,8 @@
 //! `shufflefs plan DATASET_DIR --window .. --batch-size .. --epoch E --rank R --step S`:
 //! the step's S.json, byte for byte what the mount serves, without mounting; with `--info`,
-//! the mount's info.json.
+//! the mount's info.json. Accepts every mount option (and a mount point), so a mount command
+//! line can be pasted as it is: none changes a byte; `--expect-fingerprint` is checked and
+//! `--max-listing` is reported in info.json.
 
 use std::io::Write;
 
@@ -11,7 +13,14 @@ use crate::view::{View, ViewConfig};
 
 /// Runs `plan`.
 pub fn run(args: PlanArgs) -> Result<()> {
-    let view = View::open(&args.dataset_dir, &ViewConfig::from(&args.plan))?;
+    let config = ViewConfig {
+        max_listing: args.mount.max_listing,
+        ..ViewConfig::from(&args.plan)
+    };
+    let view = View::open(&args.dataset_dir, &config)?;
+    if let Some(expected) = &args.mount.expect_fingerprint {
+        view.check_fingerprint(expected)?;
+    }
     if args.info {
         let _ = std::io::stdout().write_all(view.info_json());
         return Ok(());

@@ -19,7 +19,9 @@
 //! - `ops`: the mount(8) helper and the systemd units in deploy/;
 //! - `options`: mount flags through the binary (fingerprint guard, ownership and modes,
 //!   --on-top, --read-timeout, --prefetch-workers);
-//! - `prefill`: the page-cache prefill (`--prefill`).
+//! - `prefill`: the page-cache prefill (`--prefill`);
+//! - `resume`: the fingerprint's scope (elastic resume, more epochs) and `plan` with a pasted
+//!   mount command line.
 
 mod checksums;
 mod cli;
@@ -37,4 +39,5 @@ mod ops;
 mod options;
 mod prefill;
 mod records;
+mod resume;
 mod scale;

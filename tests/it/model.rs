@@ -10,6 +10,7 @@ use shufflefs::feistel::Permutation;
 use shufflefs::fs::{DirEntry, DirSink, Kind, Node, ROOT_INO, ShuffleFs};
 use shufflefs::npy;
 use shufflefs::plan::StepKey;
+use shufflefs::view::ViewConfig;
 
 use crate::common::*;
 
@@ -258,10 +259,100 @@ fn listings_are_exact_and_page_with_offsets() {
 }
 
 #[test]
-fn huge_step_directory_lists_from_any_offset() {
-    // 4M tokens of u8 with window 1 and batch 1: 4,000,000 steps, 8,000,002 entries.
-    let data = Positional::with_dtype(4_000_000, 1 << 30, ScalarType::U8);
+fn listings_are_bounded_and_every_name_beyond_resolves() {
+    // 4,000 tokens, window 1, batch 1, 3 ranks: 1,333 steps per rank (2,666 names), 4,000
+    // observations (8,000 names in observation/, 4,000 in lookup/epoch/E/observation/).
+    let data = Positional::with_dtype(4000, 1 << 20, ScalarType::U8);
+    for bound in [1u64, 2, 3, 1000, 2666, 2667] {
+        let fs = data.fs(&ViewConfig {
+            max_listing: bound,
+            ..config(1, 1, 1, 3, 5, 4)
+        });
+        for (path, names, first) in [
+            ("epoch/3/rank/2/step", 2666, ["0.npy", "0.json", "1.npy"]),
+            ("observation", 8000, ["0.npy", "0.json", "1.npy"]),
+            (
+                "lookup/epoch/0/observation",
+                4000,
+                ["0.json", "1.json", "2.json"],
+            ),
+            ("epoch", 4, ["0", "1", "2"]),
+            ("epoch/1/rank", 3, ["0", "1", "2"]),
+        ] {
+            let dir = walk(&fs, path).unwrap();
+            let listed = list_paged(&fs, dir, 5);
+            // `.`, `..`, then the first `bound` names in listing order.
+            let shown = names.min(bound);
+            assert_eq!(listed.len() as u64, 2 + shown, "{path} bound {bound}");
+            assert_eq!((&*listed[0].name, &*listed[1].name), (".", ".."));
+            for (e, want) in listed[2..].iter().zip(first) {
+                assert_eq!(e.name, want, "{path} bound {bound}");
+            }
+            // A readdir past the bound returns nothing.
+            let mut sink = Pages {
+                entries: Vec::new(),
+                room: 10,
+            };
+            fs.readdir(dir, 2 + shown, &mut sink).unwrap();
+            assert!(sink.entries.is_empty(), "{path} bound {bound}");
+        }
+        // Every name beyond the bound still resolves.
+        let step_dir = walk(&fs, "epoch/3/rank/2/step").unwrap();
+        for name in ["1332.json", "1332.npy", "700.npy"] {
+            let a = fs.lookup(step_dir, OsStr::new(name)).unwrap();
+            assert_eq!(a.kind, Kind::File, "{name}");
+        }
+        assert_eq!(
+            read_all(&fs, walk(&fs, "epoch/3/rank/2/step/1332.npy").unwrap()).len() as u64,
+            fs.view().step_npy_len()
+        );
+        for path in [
+            "observation/3999.json",
+            "lookup/epoch/3/observation/3999.json",
+        ] {
+            assert!(walk(&fs, path).is_ok(), "{path}");
+        }
+        // info.json names the truncated directories with their true counts.
+        let info: serde_json::Value =
+            serde_json::from_slice(&read_all(&fs, walk(&fs, "info.json").unwrap())).unwrap();
+        assert_eq!(info["max_listing"], bound);
+        let mut want = Vec::new();
+        for (dir, names) in [
+            ("epoch", 4),
+            ("epoch/E/rank", 3),
+            ("epoch/E/rank/R/step", 2666),
+            ("observation", 8000),
+            ("lookup/epoch", 4),
+            ("lookup/epoch/E/observation", 4000),
+        ] {
+            if names > bound {
+                want.push(serde_json::json!({"dir": dir, "names": names, "listed": bound}));
+            }
+        }
+        assert_eq!(
+            info["truncated_listings"],
+            serde_json::json!(want),
+            "{bound}"
+        );
+    }
+    // The default bound is 10,000 names (observation/ holds 12,000 here).
+    let data = Positional::with_dtype(6000, 1 << 20, ScalarType::U8);
     let fs = data.fs(&config(1, 1, 1, 1, 5, 1));
+    assert_eq!(fs.view().info().max_listing, 10_000);
+    let dir = walk(&fs, "observation").unwrap();
+    assert_eq!(list_paged(&fs, dir, 1000).len(), 10_002);
+}
+
+#[test]
+fn huge_step_directory_lists_from_any_offset() {
+    // 4M tokens of u8 with window 1 and batch 1: 4,000,000 steps, 8,000,002 entries, all
+    // listed with --max-listing 0.
+    let data = Positional::with_dtype(4_000_000, 1 << 30, ScalarType::U8);
+    let fs = data.fs(&ViewConfig {
+        max_listing: 0,
+        ..config(1, 1, 1, 1, 5, 1)
+    });
+    assert!(fs.view().info().truncated_listings.is_empty());
     let dir = walk(&fs, "epoch/0/rank/0/step").unwrap();
     for offset in [2u64, 3, 1_000_001, 7_999_999, 8_000_001] {
         let mut sink = Pages {
@@ -312,15 +403,30 @@ fn info_json_describes_the_mount() {
     assert_eq!(info["dtype"], "<u4");
     let fp = info["fingerprint"].as_str().unwrap();
     assert_eq!(fp.len(), 16);
-    // The fingerprint changes with every parameter and stays put otherwise.
+    let layout = info["layout_fingerprint"].as_str().unwrap();
+    assert_eq!(layout.len(), 16);
+    // The fingerprint changes with every parameter of the global plan and stays put
+    // otherwise: the split of the global batch over ranks and the number of epochs only
+    // change the layout fingerprint.
     let same = data.fs(&config(65, 64, 8, 4, 7, 3));
     assert_eq!(same.view().fingerprint(), fp);
+    assert_eq!(same.view().info().layout_fingerprint, layout);
+    for layout_only in [
+        config(65, 64, 16, 2, 7, 3),
+        config(65, 64, 32, 1, 7, 3),
+        config(65, 64, 8, 4, 7, 2),
+        config(65, 64, 8, 4, 7, 30),
+    ] {
+        let view = data.view(&layout_only);
+        assert_eq!(view.fingerprint(), fp, "{layout_only:?}");
+        assert_ne!(view.info().layout_fingerprint, layout, "{layout_only:?}");
+    }
     for other in [
         config(66, 64, 8, 4, 7, 3),
         config(65, 63, 8, 4, 7, 3),
-        config(65, 64, 16, 2, 7, 3),
+        config(65, 64, 8, 2, 7, 3),
+        config(65, 64, 16, 4, 7, 3),
         config(65, 64, 8, 4, 8, 3),
-        config(65, 64, 8, 4, 7, 2),
     ] {
         assert_ne!(data.fs(&other).view().fingerprint(), fp, "{other:?}");
     }
@@ -420,9 +526,9 @@ fn regression_fingerprint_is_pinned() {
         .fingerprint()
         .to_string();
     assert_eq!(fa, b.view(&config(65, 64, 8, 4, 7, 3)).fingerprint());
-    // Changed with format version 3: block checksums, dtype and metadata are part of the
-    // content identity.
-    assert_eq!(fa, "f4734ed83a8c79db");
+    // The rank layout (batch size 8 x 4 ranks, 3 epochs) is not part of it: only G = 32.
+    assert_eq!(fa, b.view(&config(65, 64, 32, 1, 7, 1)).fingerprint());
+    assert_eq!(fa, "5f410696258eede0");
 }
 
 #[test]
