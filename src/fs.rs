@@ -381,6 +381,8 @@ pub struct ShuffleFs {
     inodes: Inodes,
     /// Most names a listing shows (0: no bound); see [`ShuffleFs::readdir`].
     max_listing: u64,
+    /// `stats.json` has a fixed size (`--prefill`; see [`ShuffleFs::with_padded_stats`]).
+    padded_stats: bool,
     /// Recently rendered JSON files. A JSON file is rendered for `stat` (its size) and again
     /// for each READ (a reader's last READ, at EOF, included); with metadata rows that costs
     /// real reads, so the last few are kept. Bounded by [`JSON_CACHE_ENTRIES`] files of at most
@@ -388,7 +390,8 @@ pub struct ShuffleFs {
     json_cache: Mutex<LruCache<Node, Arc<[u8]>>>,
 }
 
-/// The size of `stats.json` (its JSON is padded with spaces to it).
+/// With `--prefill`, `stats.json` is padded to a multiple of this size (see
+/// [`ShuffleFs::with_padded_stats`]).
 const STATS_JSON_LEN: usize = 4096;
 
 /// Most step files the step cache holds, whatever the budget (its map is allocated up front).
@@ -417,6 +420,7 @@ impl ShuffleFs {
             stub: None,
             inodes,
             max_listing,
+            padded_stats: false,
             json_cache: Mutex::new(LruCache::new(
                 NonZeroUsize::new(JSON_CACHE_ENTRIES).expect("non-zero"),
             )),
@@ -471,7 +475,21 @@ impl ShuffleFs {
         self.prefetcher.as_ref()
     }
 
-    /// `stats.json`: cache and prefetch counters.
+    /// Gives `stats.json` a fixed size (`--prefill`). A prefill mount reads every file through
+    /// the page cache, which trusts the size `stat` returned, and the counters can change
+    /// between that `stat` and the read: a rendering longer than the size would be cut,
+    /// a shorter one zero-filled. So the JSON is padded to a multiple of 4,096 bytes with
+    /// carriage returns before its final newline: JSON white space that a terminal does not
+    /// show (each one moves the cursor back to the start of the line the closing brace is on).
+    pub fn with_padded_stats(mut self) -> ShuffleFs {
+        self.padded_stats = true;
+        self
+    }
+
+    /// `stats.json`: cache and prefetch counters, pretty JSON and a newline. Without
+    /// [`ShuffleFs::with_padded_stats`] it is exactly that; each open of the file reads one
+    /// rendering (`fuse.rs` keeps a snapshot per open), and its size in `stat` is that of a
+    /// rendering at the time of the `stat`.
     pub fn stats_json(&self) -> Vec<u8> {
         let stats = self.cache.as_ref().map(|c| c.stats());
         let mut out = serde_json::to_vec_pretty(&serde_json::json!({
@@ -481,12 +499,10 @@ impl ShuffleFs {
             "prefill": self.prefetcher.as_ref().and_then(|p| p.prefill()).map(|p| p.stats()),
         }))
         .expect("stats serialize");
-        out.push(b'\n');
-        // A fixed size (padded with spaces, which JSON allows): the size `stat` reports stays
-        // right whatever the counters are when the content is read. With `--prefill` the file
-        // is read through the page cache, which trusts that size.
-        let len = out.len().next_multiple_of(STATS_JSON_LEN);
-        out.resize(len - 1, b' ');
+        if self.padded_stats {
+            let len = (out.len() + 1).next_multiple_of(STATS_JSON_LEN);
+            out.resize(len - 1, b'\r');
+        }
         out.push(b'\n');
         out
     }

@@ -112,6 +112,12 @@ struct Opens {
 }
 
 impl Opens {
+    /// The size of the `stats.json` snapshot of open `fh`, if it is one.
+    fn snapshot_len(&self, fh: u64) -> Option<u64> {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(&fh).map(|OpenState::Snapshot(bytes)| bytes.len() as u64)
+    }
+
     fn add(&self, state: OpenState) -> u64 {
         let fh = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         self.map
@@ -742,19 +748,23 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         guarded("getattr", ino.0, || {
             let node = match self.fs.node(ino.0) {
                 Ok(node) => node,
                 Err(e) => return reply.error(fail("getattr", ino.0, &e)),
             };
+            // Asked through an open `stats.json` (the kernel passes the handle, e.g. for
+            // `lseek(SEEK_END)`): the size of that open's snapshot, which its reads return.
+            let snapshot_len = fh.and_then(|fh| self.opens.snapshot_len(fh.0));
             let attr_of = self.attr_fn();
             self.with_deadline(
                 "getattr",
                 node,
                 reply,
                 move |fs, reply: ReplyAttr, attr| match attr {
-                    Ok(a) => {
+                    Ok(mut a) => {
+                        a.size = snapshot_len.unwrap_or(a.size);
                         let (ttl, attr) = attr_of(&a);
                         reply.attr(&ttl, &attr)
                     }

@@ -131,6 +131,8 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
         .unwrap_or(UNIX_EPOCH);
     // Without a prefetcher there is nothing to push: serve as a plain mount.
     let prefill = options.prefill && fs.prefetcher().is_some();
+    // Files are then read through the page cache, which trusts the size `stat` returned.
+    let fs = if prefill { fs.with_padded_stats() } else { fs };
     let adapter = FuseAdapter::new(
         fs,
         options.owner,
