@@ -84,17 +84,55 @@ pub struct DocSums {
 
 impl DocFiles {
     /// Reads `buf.len()` bytes of document file `k` (0 ids, 1 index, 2 meta, 3 docs) at
-    /// `offset`, checked against its block checksums when the dataset has them: a changed
-    /// document file is an error, never served.
-    fn read_at(&self, k: usize, buf: &mut [u8], offset: u64) -> Result<()> {
+    /// `offset`, checked against its block checksums when the dataset has them and `read` is
+    /// [`DocRead::Checked`]: a changed document file is an error, never served.
+    fn read_at(&self, k: usize, buf: &mut [u8], offset: u64, read: DocRead) -> Result<()> {
         let file = [&self.ids, &self.index, &self.meta, &self.docs][k];
         match &self.sums {
-            Some(s) => {
+            Some(s) if read == DocRead::Checked => {
                 file.read_checked_at(&s.file, crate::checksum::DOC_BLOCK, s.bases[k], buf, offset)
             }
-            None => file.read_exact_at(buf, offset),
+            _ => file.read_exact_at(buf, offset),
         }
     }
+}
+
+/// How document files are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DocRead {
+    /// Against their block checksums, metadata validated as JSON: for anything served.
+    Checked,
+    /// As they are, for sizes only (`stat` of a JSON file): no checksum reads, no JSON
+    /// parsing. Whatever such a read yields is never served; a read of the file itself checks
+    /// everything. The callers fall back to [`DocRead::Checked`] on any error, and reads whose
+    /// extent comes from unchecked bytes are bounded ([`UNCHECKED_ENTRIES`]).
+    ForSize,
+}
+
+/// Most entry index and metadata bytes an unchecked read (`DocRead::ForSize`) of one shard piece
+/// reads; beyond it (rare metadata, or damaged files) the piece is read checked.
+const UNCHECKED_ENTRIES: u64 = 1 << 20;
+
+/// A run of records with one metadata entry, its metadata as `M` (see `Dataset::runs`).
+struct Run<M> {
+    start: u64,
+    end: u64,
+    doc: u64,
+    entry: u64,
+    meta: M,
+}
+
+/// The shape of a [`Span`] without its metadata text: what its JSON length depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpanShape {
+    /// First record of the run (relative).
+    pub start: u64,
+    /// One past the last record (relative).
+    pub end: u64,
+    /// The document the records belong to.
+    pub doc: u64,
+    /// Length of the metadata's JSON text.
+    pub meta_len: u64,
 }
 
 /// A run of records that share one metadata entry, relative to the start of a read.
@@ -642,13 +680,22 @@ impl Dataset {
 
     /// Reads entries `lo..=hi` of a shard: one index read and one data read. Returns
     /// `(index offsets lo..=hi+1, data starting at offsets[0])`.
-    fn read_entries(&self, d: &DocFiles, lo: u32, hi: u32) -> Result<(Vec<u64>, Vec<u8>)> {
+    fn read_entries(
+        &self,
+        d: &DocFiles,
+        lo: u32,
+        hi: u32,
+        read: DocRead,
+    ) -> Result<(Vec<u64>, Vec<u8>)> {
         if u64::from(hi) >= d.entries || lo > hi {
             return Err(self.corrupt(d.ids.path(), "entry id out of range"));
         }
         let count = (hi - lo) as usize + 2;
+        if read == DocRead::ForSize && count as u64 * 8 > UNCHECKED_ENTRIES {
+            return self.read_entries(d, lo, hi, DocRead::Checked);
+        }
         let mut raw = vec![0u8; count * 8];
-        d.read_at(1, &mut raw, u64::from(lo) * 8)?;
+        d.read_at(1, &mut raw, u64::from(lo) * 8, read)?;
         let offsets: Vec<u64> = raw
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
@@ -666,12 +713,17 @@ impl Dataset {
                 "entry offsets not increasing or past the end",
             ));
         }
-        let mut data = vec![0u8; (offsets[count - 1] - offsets[0]) as usize];
-        d.read_at(2, &mut data, offsets[0])?;
+        let len = offsets[count - 1] - offsets[0];
+        if read == DocRead::ForSize && len > UNCHECKED_ENTRIES {
+            return self.read_entries(d, lo, hi, DocRead::Checked);
+        }
+        let mut data = vec![0u8; len as usize];
+        d.read_at(2, &mut data, offsets[0], read)?;
         Ok((offsets, data))
     }
 
-    /// Parses entry `id` out of a [`Dataset::read_entries`] result starting at `lo`.
+    /// Parses entry `id` out of a [`Dataset::read_entries`] result starting at `lo` (its
+    /// metadata is validated as JSON unless `read` is [`DocRead::ForSize`]).
     fn entry<'a>(
         &self,
         d: &DocFiles,
@@ -679,7 +731,8 @@ impl Dataset {
         data: &'a [u8],
         lo: u32,
         id: u32,
-    ) -> Result<(u64, u64, &'a str)> {
+        read: DocRead,
+    ) -> Result<(u64, u64, &'a [u8])> {
         let k = (id - lo) as usize;
         let base = offsets[0];
         let bytes = &data[(offsets[k] - base) as usize..(offsets[k + 1] - base) as usize];
@@ -688,12 +741,17 @@ impl Dataset {
         if doc >= self.manifest.documents.unwrap_or(0) {
             return Err(self.corrupt(d.meta.path(), "metadata entry of a document out of range"));
         }
-        let meta = std::str::from_utf8(&bytes[16..])
-            .ok()
-            .filter(|m| serde_json::from_str::<&serde_json::value::RawValue>(m).is_ok())
-            .ok_or_else(|| self.corrupt(d.meta.path(), "metadata entry is not valid JSON"))?;
+        let meta = &bytes[16..];
+        let json = || {
+            std::str::from_utf8(meta)
+                .is_ok_and(|m| serde_json::from_str::<&serde_json::value::RawValue>(m).is_ok())
+        };
+        if read == DocRead::Checked && !json() {
+            return Err(self.corrupt(d.meta.path(), "metadata entry is not valid JSON"));
+        }
         // pack stores the value's own text, which neither starts nor ends with whitespace.
-        if meta.starts_with([' ', '\t', '\n', '\r']) || meta.ends_with([' ', '\t', '\n', '\r']) {
+        let space = |b: Option<&u8>| b.is_some_and(|b| b" \t\n\r".contains(b));
+        if space(meta.first()) || space(meta.last()) {
             return Err(self.corrupt(
                 d.meta.path(),
                 "metadata entry has whitespace around its JSON value",
@@ -705,8 +763,54 @@ impl Dataset {
     /// The metadata runs of records `[record, record + count)`, in order, tiling the range.
     /// Per shard touched: one read of the ids, one of the entry index, one of the entry data.
     pub fn spans(&self, record: u64, count: u64) -> Result<Vec<Span>> {
+        Ok(self
+            .runs(record, count, DocRead::Checked, |m| {
+                String::from_utf8_lossy(m).into_owned()
+            })?
+            .into_iter()
+            .map(|r| Span {
+                start: r.start,
+                end: r.end,
+                doc: r.doc,
+                entry: r.entry,
+                meta: r.meta,
+            })
+            .collect())
+    }
+
+    /// The shapes of [`Dataset::spans`] (the same runs, with the length of their metadata
+    /// text), for sizes only: the document files are read without their checksums and the
+    /// metadata is not parsed ([`DocRead::ForSize`]), falling back to checked reads on any
+    /// error, so the shapes are those of the spans whenever the spans can be read.
+    pub fn span_shapes(&self, record: u64, count: u64) -> Result<Vec<SpanShape>> {
+        let shapes = |read| {
+            self.runs(record, count, read, |m: &[u8]| m.len() as u64)
+                .map(|runs| {
+                    runs.into_iter()
+                        .map(|r| SpanShape {
+                            start: r.start,
+                            end: r.end,
+                            doc: r.doc,
+                            meta_len: r.meta,
+                        })
+                        .collect()
+                })
+        };
+        shapes(DocRead::ForSize).or_else(|_| shapes(DocRead::Checked))
+    }
+
+    /// The runs of [`Dataset::spans`], with `meta_of(metadata)` as their metadata (the
+    /// metadata is valid UTF-8 JSON text when `read` is [`DocRead::Checked`]): the metadata of
+    /// runs with equal entries must have equal `meta_of`.
+    fn runs<M: PartialEq>(
+        &self,
+        record: u64,
+        count: u64,
+        read: DocRead,
+        meta_of: impl Fn(&[u8]) -> M,
+    ) -> Result<Vec<Run<M>>> {
         let itemsize = self.record.itemsize() as u64;
-        let mut out: Vec<Span> = Vec::new();
+        let mut out: Vec<Run<M>> = Vec::new();
         let mut pos = record;
         let end = record + count;
         while pos < end {
@@ -719,22 +823,36 @@ impl Dataset {
             let shard_end = self.ends[index] / itemsize;
             let take = shard_end.min(end) - pos;
             let mut raw = vec![0u8; take as usize * 4];
-            d.read_at(0, &mut raw, (pos - shard_first) * 4)?;
+            d.read_at(0, &mut raw, (pos - shard_first) * 4, read)?;
             let ids: Vec<u32> = raw
                 .chunks_exact(4)
                 .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
                 .collect();
-            let lo = *ids.iter().min().expect("non-empty");
-            let hi = *ids.iter().max().expect("non-empty");
-            let (offsets, data) = self.read_entries(d, lo, hi)?;
+            // The runs of equal ids, as (first index, id): one pass, comparing sixteen ids at
+            // a time without branching (runs are tens to thousands of records long).
+            let mut starts: Vec<(usize, u32)> = Vec::new();
             let mut i = 0usize;
             while i < ids.len() {
                 let id = ids[i];
+                starts.push((i, id));
                 let mut j = i + 1;
+                while j + 16 <= ids.len()
+                    && ids[j..j + 16].iter().fold(0, |a, &x| a | (x ^ id)) == 0
+                {
+                    j += 16;
+                }
                 while j < ids.len() && ids[j] == id {
                     j += 1;
                 }
-                let (doc, entry, meta) = self.entry(d, &offsets, &data, lo, id)?;
+                i = j;
+            }
+            let lo = starts.iter().map(|r| r.1).min().expect("non-empty");
+            let hi = starts.iter().map(|r| r.1).max().expect("non-empty");
+            let (offsets, data) = self.read_entries(d, lo, hi, read)?;
+            for (k, &(i, id)) in starts.iter().enumerate() {
+                let j = starts.get(k + 1).map_or(ids.len(), |r| r.0);
+                let (doc, entry, meta) = self.entry(d, &offsets, &data, lo, id, read)?;
+                let meta = meta_of(meta);
                 let (start, stop) = (pos - record + i as u64, pos - record + j as u64);
                 // Documents are runs of consecutive records, and entries are numbered in
                 // the order pack meets them: the next run belongs to the same document or
@@ -742,11 +860,12 @@ impl Dataset {
                 // a run with the same entry number (continued from the previous shard) is
                 // the same entry, document and metadata.
                 if let Some(last) = out.last() {
-                    let fits = if entry == last.entry {
-                        doc == last.doc && meta == last.meta
+                    let (last_doc, last_entry) = (last.doc, last.entry);
+                    let fits = if entry == last_entry {
+                        doc == last_doc && meta == last.meta
                     } else {
-                        doc == last.doc
-                            || (Some(doc) == last.doc.checked_add(1) && entry > last.entry)
+                        doc == last_doc
+                            || (Some(doc) == last_doc.checked_add(1) && entry > last_entry)
                     };
                     if !fits {
                         let before = match self.shards[index.saturating_sub(1)].docs() {
@@ -759,23 +878,21 @@ impl Dataset {
                             d.ids.path(),
                             &format!(
                                 "records of document {doc} (entry {entry}) follow records of \
-                                 document {} (entry {}){before}",
-                                last.doc, last.entry
+                                 document {last_doc} (entry {last_entry}){before}"
                             ),
                         ));
                     }
                 }
                 match out.last_mut() {
                     Some(last) if last.entry == entry && last.end == start => last.end = stop,
-                    _ => out.push(Span {
+                    _ => out.push(Run {
                         start,
                         end: stop,
                         doc,
                         entry,
-                        meta: meta.to_string(),
+                        meta,
                     }),
                 }
-                i = j;
             }
             pos += take;
         }
@@ -784,6 +901,17 @@ impl Dataset {
 
     /// Document `doc`: one read of its shard's docs file, then its entry (index + data).
     pub fn document(&self, doc: u64) -> Result<Document> {
+        self.document_with(doc, DocRead::Checked)
+    }
+
+    /// [`Dataset::document`] for sizes only ([`DocRead::ForSize`], with the same fallback as
+    /// [`Dataset::span_shapes`]): its metadata text is not validated.
+    pub fn document_for_size(&self, doc: u64) -> Result<Document> {
+        self.document_with(doc, DocRead::ForSize)
+            .or_else(|_| self.document_with(doc, DocRead::Checked))
+    }
+
+    fn document_with(&self, doc: u64, read: DocRead) -> Result<Document> {
         let index = self.doc_ends.partition_point(|&e| e <= doc);
         let shard = self.shards.get(index).ok_or(Error::NotFound)?;
         let d = shard
@@ -795,7 +923,7 @@ impl Dataset {
         let first = local.saturating_sub(1);
         let last = (local + 1).min(d.documents - 1);
         let mut raw = vec![0u8; ((last - first + 1) * format::DOC_RECORD) as usize];
-        d.read_at(3, &mut raw, first * format::DOC_RECORD)?;
+        d.read_at(3, &mut raw, first * format::DOC_RECORD, read)?;
         let record = |l: u64| {
             let at = ((l - first) * format::DOC_RECORD) as usize;
             let field = |k: usize| {
@@ -834,10 +962,10 @@ impl Dataset {
         // Its entry (and the one before, in the same two reads) is the document's own: it
         // names the document, and pack stores it before any other entry of the document.
         let lo = entry.saturating_sub(1);
-        let (offsets, data) = self.read_entries(d, lo, entry)?;
-        let (owner, _, meta) = self.entry(d, &offsets, &data, lo, entry)?;
+        let (offsets, data) = self.read_entries(d, lo, entry, read)?;
+        let (owner, _, meta) = self.entry(d, &offsets, &data, lo, entry, read)?;
         let before = if entry > 0 {
-            Some(self.entry(d, &offsets, &data, lo, lo)?.0)
+            Some(self.entry(d, &offsets, &data, lo, lo, read)?.0)
         } else {
             None
         };
@@ -850,7 +978,7 @@ impl Dataset {
         Ok(Document {
             start,
             len,
-            meta: meta.to_string(),
+            meta: String::from_utf8_lossy(meta).into_owned(),
         })
     }
 

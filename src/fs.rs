@@ -627,12 +627,16 @@ impl ShuffleFs {
             Node::Info => v.info_json().len() as u64,
             Node::Stats => self.stats_json().len() as u64,
             Node::StepNpy(_) => v.step_npy_len(),
-            Node::StepJson(_) | Node::ObservationJson(_) | Node::LookupJson(..) => {
-                match self.cached_json(node)? {
-                    Ok(bytes) => bytes.len() as u64,
-                    Err(len) => len,
-                }
-            }
+            // Measured without writing it (a listing's `ls -l` stats thousands): see
+            // `View::step_json_len`. A read renders it (and caches it) as before.
+            Node::StepJson(key) => match self.json_if_cached(node) {
+                Some(bytes) => bytes.len() as u64,
+                None => v.step_json_len(key)?,
+            },
+            Node::ObservationJson(_) | Node::LookupJson(..) => match self.cached_json(node)? {
+                Ok(bytes) => bytes.len() as u64,
+                Err(len) => len,
+            },
             Node::ObservationNpy(i) => v.observation_npy_len(i)?,
             _ => 0,
         })
@@ -646,6 +650,15 @@ impl ShuffleFs {
             Node::LookupJson(e, i) => v.write_lookup_json(e, i, w),
             _ => unreachable!("not a JSON file: {node:?}"),
         }
+    }
+
+    /// The bytes of JSON file `node` if they are in the JSON cache (not counted as a use).
+    fn json_if_cached(&self, node: Node) -> Option<Arc<[u8]>> {
+        self.json_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .peek(&node)
+            .cloned()
     }
 
     /// Whether `node` is a JSON file whose bytes are in the JSON cache.

@@ -115,7 +115,8 @@ impl Opens {
     /// The size of the `stats.json` snapshot of open `fh`, if it is one.
     fn snapshot_len(&self, fh: u64) -> Option<u64> {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(&fh).map(|OpenState::Snapshot(bytes)| bytes.len() as u64)
+        map.get(&fh)
+            .map(|OpenState::Snapshot(bytes)| bytes.len() as u64)
     }
 
     fn add(&self, state: OpenState) -> u64 {
@@ -1055,10 +1056,11 @@ impl Filesystem for FuseAdapter {
         _size: u32,
         reply: fuser::ReplyXattr,
     ) {
-        match self.fs.exists(ino.0) {
-            Ok(()) => reply.error(Errno::from_i32(libc::ENODATA)),
-            Err(e) => reply.error(fail("getxattr", ino.0, &e)),
-        }
+        // There are no extended attributes. ENOSYS makes the kernel answer every later
+        // getxattr on the mount itself (EOPNOTSUPP), without a round trip: `ls -l` asks two
+        // per file (security.selinux, system.posix_acl_access).
+        debug!("getxattr ino={}: ENOSYS", ino.0);
+        reply.error(Errno::from_i32(libc::ENOSYS));
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::dataset::{Dataset, Span};
+use crate::dataset::{Dataset, Span, SpanShape};
 use crate::dtype::RecordType;
 use crate::error::{Error, Result};
 use crate::feistel;
@@ -211,6 +211,16 @@ struct DocRow {
     start: u64,
     len: u64,
     meta: String,
+}
+
+impl From<crate::dataset::Document> for DocRow {
+    fn from(d: crate::dataset::Document) -> DocRow {
+        DocRow {
+            start: d.start,
+            len: d.len,
+            meta: d.meta,
+        }
+    }
 }
 
 impl View {
@@ -438,12 +448,7 @@ impl View {
     }
 
     fn doc_row(&self, observation: u64) -> Result<DocRow> {
-        let d = self.dataset.document(observation)?;
-        Ok(DocRow {
-            start: d.start,
-            len: d.len,
-            meta: d.meta,
-        })
+        self.dataset.document(observation).map(DocRow::from)
     }
 
     /// Fills `buf` with the bytes of `S.npy` for `key` starting at `offset`, and returns how
@@ -574,7 +579,72 @@ impl View {
 
     /// Writes `S.json` for `key` to `w`.
     pub fn write_step_json(&self, key: StepKey, w: &mut impl Write) -> Result<()> {
+        self.step_json_to(key, w, None)
+    }
+
+    /// The size of `S.json` for `key`, at a fraction of the cost of writing it: the `rows`
+    /// (the bulk of the file and of its cost) are measured from the span shapes, read for sizes
+    /// only ([`Dataset::span_shapes`]), and nothing is formatted but the few numbers before
+    /// them. Equal to the length [`View::write_step_json`] writes whenever that succeeds.
+    pub fn step_json_len(&self, key: StepKey) -> Result<u64> {
+        let mut rows = 0u64;
+        let rest = json_len(|c| self.step_json_to(key, c, Some(&mut rows)))?;
+        Ok(rest + rows)
+    }
+
+    /// The length of the `rows` of stream-mode `S.json` for `key` (without the commas between
+    /// them), from span shapes. The rows are independent: on a machine with more than one
+    /// core, half of them are measured on a second thread (`ls -l` asks one size at a time,
+    /// so the daemon has a core to spare).
+    fn stream_rows_len(&self, key: StepKey) -> Result<u64> {
+        let starts: Vec<u64> = self
+            .plan
+            .observations(key)
+            .map(|o| self.windows.first_record(o))
+            .collect();
+        let measure = |starts: &[u64]| -> Result<u64> {
+            starts.iter().try_fold(0u64, |n, &record| {
+                let shapes = self.dataset.span_shapes(record, self.window)?;
+                Ok(n + spans_json_len(&shapes, None))
+            })
+        };
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if starts.len() < 8 || cores < 2 {
+            return measure(&starts);
+        }
+        let (first, second) = starts.split_at(starts.len() / 2);
+        std::thread::scope(|scope| {
+            let other = scope.spawn(|| measure(second));
+            let here = measure(first);
+            let there = other
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            Ok(here? + there?)
+        })
+    }
+
+    /// Writes `S.json` for `key` to `w`; with `rows_len`, the `rows` are not written but their
+    /// length is added to it, and the document files are read for sizes only.
+    fn step_json_to(
+        &self,
+        key: StepKey,
+        w: &mut impl Write,
+        rows_len: Option<&mut u64>,
+    ) -> Result<()> {
         let io = |e: std::io::Error| Error::io("<json>", e);
+        let measure = rows_len.is_some();
+        // The length of what is measured instead of written.
+        let measured = std::cell::Cell::new(0u64);
+        // One row's spans: written, or measured.
+        let spans = |w: &mut dyn Write, record: u64, count: u64, pad| -> Result<()> {
+            if measure {
+                let shapes = self.dataset.span_shapes(record, count)?;
+                measured.set(measured.get() + spans_json_len(&shapes, pad));
+                Ok(())
+            } else {
+                write_spans(w, &self.dataset.spans(record, count)?, pad).map_err(io)
+            }
+        };
         write!(
             w,
             "{{\"epoch\":{},\"rank\":{},\"step\":{},\"global_step\":{},\"observations\":",
@@ -597,14 +667,17 @@ impl View {
                 .map_err(io)?;
                 if self.dataset.has_documents() {
                     w.write_all(b",\"rows\":[").map_err(io)?;
-                    for (j, o) in self.plan.observations(key).enumerate() {
-                        if j > 0 {
-                            w.write_all(b",").map_err(io)?;
+                    if measure {
+                        // The rows and the commas between them.
+                        let commas = self.plan.batch_size() - 1;
+                        measured.set(measured.get() + commas + self.stream_rows_len(key)?);
+                    } else {
+                        for (j, o) in self.plan.observations(key).enumerate() {
+                            if j > 0 {
+                                w.write_all(b",").map_err(io)?;
+                            }
+                            spans(w, self.windows.first_record(o), self.window, None)?;
                         }
-                        let spans = self
-                            .dataset
-                            .spans(self.windows.first_record(o), self.window)?;
-                        write_spans(w, &spans, None).map_err(io)?;
                     }
                     w.write_all(b"]").map_err(io)?;
                 }
@@ -613,7 +686,13 @@ impl View {
                 let docs: Vec<DocRow> = self
                     .plan
                     .observations(key)
-                    .map(|o| self.doc_row(o))
+                    .map(|o| {
+                        if measure {
+                            self.dataset.document_for_size(o).map(DocRow::from)
+                        } else {
+                            self.doc_row(o)
+                        }
+                    })
                     .collect::<Result<_>>()?;
                 w.write_all(b",\"token_starts\":").map_err(io)?;
                 write_list(w, docs.iter().map(|d| d.start)).map_err(io)?;
@@ -635,14 +714,17 @@ impl View {
                         w.write_all(b",").map_err(io)?;
                     }
                     let used = d.len.min(self.window);
-                    let spans = self.dataset.spans(d.start, used)?;
                     let pad = (used < self.window).then_some((used, self.window));
-                    write_spans(w, &spans, pad).map_err(io)?;
+                    spans(w, d.start, used, pad)?;
                 }
                 w.write_all(b"]").map_err(io)?;
             }
         }
-        writeln!(w, ",\"fingerprint\":\"{}\"}}", self.info.fingerprint).map_err(io)
+        writeln!(w, ",\"fingerprint\":\"{}\"}}", self.info.fingerprint).map_err(io)?;
+        if let Some(n) = rows_len {
+            *n += measured.get();
+        }
+        Ok(())
     }
 
     /// The bytes of `S.json` for `key`.
@@ -794,8 +876,23 @@ fn write_list(w: &mut impl Write, items: impl Iterator<Item = u64>) -> std::io::
     w.write_all(b"]")
 }
 
+/// The length of what [`write_spans`] writes for spans of these shapes.
+fn spans_json_len(spans: &[SpanShape], pad: Option<(u64, u64)>) -> u64 {
+    let digits = |v: u64| u64::from(v.checked_ilog10().unwrap_or(0)) + 1;
+    // `[` and `]`, a comma between spans, and each `{"start":S,"end":E,"doc":D,"meta":M}`.
+    let mut n = 2 + (spans.len() as u64).saturating_sub(1);
+    for s in spans {
+        n += 32 + digits(s.start) + digits(s.end) + digits(s.doc) + s.meta_len;
+    }
+    if let Some((start, end)) = pad {
+        // `{"start":S,"end":E,"doc":null,"meta":null,"pad":true}`, after a comma if needed.
+        n += u64::from(!spans.is_empty()) + 51 + digits(start) + digits(end);
+    }
+    n
+}
+
 /// Writes spans as `[{"start","end","doc","meta"}, ...]`, plus a padding span if given.
-fn write_spans(w: &mut impl Write, spans: &[Span], pad: Option<(u64, u64)>) -> std::io::Result<()> {
+fn write_spans(w: &mut dyn Write, spans: &[Span], pad: Option<(u64, u64)>) -> std::io::Result<()> {
     w.write_all(b"[")?;
     for (i, s) in spans.iter().enumerate() {
         let sep = if i > 0 { "," } else { "" };
@@ -915,5 +1012,55 @@ impl Write for RangeWriter<'_> {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_json_len_is_the_length_written() {
+        // Every digit count (0, 9, 10, 99, 100, ... u64::MAX), with and without metadata text,
+        // with and without padding.
+        let values = [0u64, 1, 9, 10, 99, 100, 12_345, 999_999, 1 << 40, u64::MAX];
+        let metas = ["null", "{\"a\": 1}", "\"x\"", "[1, 2, 3]"];
+        for n in 0..4usize {
+            for pad in [
+                None,
+                Some((0u64, 1u64)),
+                Some((9, 10)),
+                Some((12_345, u64::MAX)),
+            ] {
+                for k in 0..values.len() {
+                    let spans: Vec<Span> = (0..n)
+                        .map(|i| Span {
+                            start: values[(k + i) % values.len()],
+                            end: values[(k + 2 * i + 1) % values.len()],
+                            doc: values[(k + 3 * i + 2) % values.len()],
+                            entry: 0,
+                            meta: metas[(k + i) % metas.len()].to_string(),
+                        })
+                        .collect();
+                    let shapes: Vec<SpanShape> = spans
+                        .iter()
+                        .map(|s| SpanShape {
+                            start: s.start,
+                            end: s.end,
+                            doc: s.doc,
+                            meta_len: s.meta.len() as u64,
+                        })
+                        .collect();
+                    let mut written = Vec::new();
+                    write_spans(&mut written, &spans, pad).unwrap();
+                    assert_eq!(
+                        spans_json_len(&shapes, pad),
+                        written.len() as u64,
+                        "{}",
+                        String::from_utf8_lossy(&written)
+                    );
+                }
+            }
+        }
     }
 }

@@ -594,6 +594,122 @@ fn metadata_of_a_window_costs_three_reads_per_shard_touched() {
         vec![0, 1, 3, 0, 1, 1, 0],
         "a document: docs, index, data"
     );
+    // For sizes only (the size of S.json in `stat`): the same reads without their checksums.
+    for (first, len, shards) in [(10u64, 200u64, 1u64), (250, 600, 4)] {
+        reset();
+        let shapes = dataset.span_shapes(first, len).unwrap();
+        let spans = dataset.spans(first, len).unwrap();
+        assert_eq!(shapes.len(), spans.len());
+        for (shape, span) in shapes.iter().zip(&spans) {
+            assert_eq!(
+                (shape.start, shape.end, shape.doc, shape.meta_len),
+                (span.start, span.end, span.doc, span.meta.len() as u64)
+            );
+        }
+        assert_eq!(
+            counts()[..2],
+            [0, 0],
+            "window {first}+{len}: no shard reads"
+        );
+        let (unchecked_and_checked, checked_only) = (shards, 3 * shards);
+        assert_eq!(
+            counts()[2..6],
+            [
+                checked_only,
+                2 * unchecked_and_checked,
+                2 * shards,
+                2 * shards
+            ],
+            "window {first}+{len}: spans() reads the checksums, span_shapes() does not"
+        );
+    }
+    reset();
+    let d = dataset.document_for_size(777).unwrap();
+    assert_eq!(d, dataset.document(777).unwrap());
+    assert_eq!(counts(), vec![0, 2, 3, 0, 2, 2, 0]);
+}
+
+/// The size of `S.json` in `stat` is measured without writing the file (span shapes read for
+/// sizes only): it must equal the length of the file, in both modes, with spans and
+/// documents across shard boundaries, padding, and several rows per step.
+#[test]
+fn step_json_size_is_exact_without_rendering() {
+    // Shards of 64 tokens: documents and spans cross shard boundaries.
+    let c = corpus(300, 64 * 4);
+    for cfg in [
+        ViewConfig::stream(17, 16, 4, 2, 1, 2),
+        ViewConfig::stream(40, 3, 16, 1, 2, 1),
+        docs_config(6, 4, 3, Some(999_999)),
+        docs_config(13, 8, 1, None),
+    ] {
+        let view = View::open(&c.ds, &cfg).unwrap();
+        let plan = view.plan().clone();
+        for epoch in 0..plan.epochs() {
+            for rank in 0..plan.ranks() {
+                for step in 0..plan.steps_per_epoch() {
+                    let key = StepKey { epoch, rank, step };
+                    let len = view.step_json(key).unwrap().len() as u64;
+                    assert_eq!(view.step_json_len(key).unwrap(), len, "{cfg:?} {key:?}");
+                }
+            }
+        }
+        // Through the filesystem: `stat` first (nothing cached), then the bytes.
+        let fs = ShuffleFs::new(View::open(&c.ds, &cfg).unwrap()).unwrap();
+        for step in [0, plan.steps_per_epoch() - 1] {
+            let path = format!("epoch/0/rank/0/step/{step}.json");
+            let size = fs.getattr(walk(&fs, &path)).unwrap().size;
+            assert_eq!(size, read_all(&fs, &path).len() as u64, "{cfg:?} {path}");
+        }
+    }
+}
+
+/// Sizes read without checksums never serve damaged bytes: the read of the file checks them.
+/// Damage that makes the unchecked reads fail (an entry id out of range) falls back to the
+/// checked reads, whose error names the file.
+#[test]
+fn a_damaged_document_file_fails_the_read_not_the_size() {
+    let c = corpus(300, 64 * 4);
+    let cfg = ViewConfig::stream(17, 16, 4, 2, 1, 1);
+    let meta = shard_paths(&c.ds)[0].with_extension("meta");
+    let ids = shard_paths(&c.ds)[0].with_extension("ids");
+    let (meta_bytes, ids_bytes) = (fs::read(&meta).unwrap(), fs::read(&ids).unwrap());
+    // The row of the first window is observation 0.
+    let view = View::open(&c.ds, &cfg).unwrap();
+    let key = (0..view.plan().steps_per_epoch())
+        .flat_map(|step| {
+            (0..2).map(move |rank| StepKey {
+                epoch: 0,
+                rank,
+                step,
+            })
+        })
+        .find(|&k| view.step_info(k).observations.contains(&0))
+        .unwrap();
+    let len = view.step_json_len(key).unwrap();
+    // Same-size damage to the metadata text: the size is still measured, the read fails.
+    let mut damaged = meta_bytes.clone();
+    let at = damaged.iter().position(|&b| b == b'"').unwrap();
+    damaged[at] = b'\'';
+    fs::write(&meta, &damaged).unwrap();
+    let view = View::open(&c.ds, &cfg).unwrap();
+    assert_eq!(view.step_json_len(key).unwrap(), len);
+    let err = view.step_json(key).unwrap_err().to_string();
+    assert!(err.contains(".meta") && err.contains("checksum"), "{err}");
+    fs::write(&meta, &meta_bytes).unwrap();
+    // An entry id far out of range: the unchecked read is refused, the checked one names the
+    // damage.
+    let mut damaged = ids_bytes.clone();
+    damaged[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+    fs::write(&ids, &damaged).unwrap();
+    let view = View::open(&c.ds, &cfg).unwrap();
+    let err = view.step_json_len(key).unwrap_err().to_string();
+    assert!(err.contains(".ids") && err.contains("checksum"), "{err}");
+    assert!(view.step_json(key).is_err());
+    fs::write(&ids, &ids_bytes).unwrap();
+    assert_eq!(
+        View::open(&c.ds, &cfg).unwrap().step_json_len(key).unwrap(),
+        len
+    );
 }
 
 #[test]
