@@ -460,15 +460,7 @@ impl FuseAdapter {
         let Some(pool) = &self.pool else {
             unreachable!("Access::Any always reads");
         };
-        // Up to `threads - 1` FUSE threads read shards themselves (no hand-off); the last one
-        // never does, so a stalled shard can block at most those, and `stat`, `ls` and other
-        // steps keep being served while the pool takes the rest.
-        let inline = self
-            .inline_reads
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.inline_limit).then_some(n + 1)
-            })
-            .is_ok();
+        let inline = self.claim_inline();
         let fs = self.fs.clone();
         let what = move || {
             format!(
@@ -487,6 +479,18 @@ impl FuseAdapter {
         if inline {
             self.inline_reads.fetch_sub(1, Ordering::AcqRel);
         }
+    }
+
+    /// Whether this FUSE thread may do work that reads shard or document files itself (no
+    /// hand-off to the pool). Up to `threads - 1` may at once; the last one never does, so a
+    /// stalled file can block at most those, and `stat`, `ls` and other steps keep being
+    /// served while the pool takes the rest. A `true` must be given back (`inline_reads`).
+    fn claim_inline(&self) -> bool {
+        self.inline_reads
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.inline_limit).then_some(n + 1)
+            })
+            .is_ok()
     }
 
     /// Runs `work` under the read deadline, on this thread (`inline`) or on the pool. `work`
@@ -563,12 +567,19 @@ impl FuseAdapter {
         };
         let ino = self.fs.ino(node);
         let what = move || format!("{op} of {node:?}");
-        self.under_deadline(pool, false, op, ino, reply, what, move |fs, take| {
+        // Like a READ: on this thread when an inline slot is free (`ls -l` of a step directory
+        // sizes thousands of S.json one after the other; a hand-off each costs more than the
+        // size), else on the pool.
+        let inline = self.claim_inline();
+        self.under_deadline(pool, inline, op, ino, reply, what, move |fs, take| {
             let attr = fs.node_attr(node);
             if let Some(reply) = take() {
                 answer(fs, reply, attr);
             }
         });
+        if inline {
+            self.inline_reads.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     fn ttl(a: &Attr) -> Duration {

@@ -614,7 +614,11 @@ impl View {
         }
         let (first, second) = starts.split_at(starts.len() / 2);
         std::thread::scope(|scope| {
-            let other = scope.spawn(|| measure(second));
+            // No thread to be had: measure them all here.
+            let Ok(other) = std::thread::Builder::new().spawn_scoped(scope, || measure(second))
+            else {
+                return measure(&starts);
+            };
             let here = measure(first);
             let there = other
                 .join()

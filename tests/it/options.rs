@@ -1,6 +1,7 @@
 //! Mount flags through the `shufflefs` binary: the fingerprint guard (--expect-fingerprint),
 //! ownership and permission bits (--uid, --gid, --file-mode, --dir-mode), mounting over a live
-//! mount (--on-top), the read deadline (--read-timeout) and prefetch workers. Every mount is
+//! mount (--on-top), the read deadline (--read-timeout), prefetch workers and the listing bound
+//! (--max-listing). Every mount is
 //! unmounted by the test, and a guard detaches whatever a failing test leaves behind.
 
 use std::fs;
@@ -439,4 +440,60 @@ fn prefetch_workers_zero_needs_prefetch_off() {
     assert_eq!(stats["cache"]["prefetched"], 0, "{stats}");
     t.unmount(pid);
     assert_eq!(mount_entries(t.mnt.path()), 0);
+}
+
+#[test]
+fn max_listing_bounds_every_listing_and_zero_lists_all() {
+    if !fuse_available() {
+        return;
+    }
+    // 500 observations of 10 tokens, 125 steps per rank: 250 names in a step directory,
+    // 1,000 in observation/, 500 in lookup/epoch/0/observation/.
+    let t = Setup::new();
+    let names = |dir: &str| -> Vec<String> {
+        fs::read_dir(t.mnt.path().join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect()
+    };
+    for (flag, shown) in [("7", 7usize), ("250", 250), ("0", usize::MAX)] {
+        let pid = t.mount_ok(&["--max-listing", flag]);
+        for (dir, all, first) in [
+            ("epoch/0/rank/1/step", 250, "0.npy"),
+            ("observation", 1000, "0.npy"),
+            ("lookup/epoch/0/observation", 500, "0.json"),
+        ] {
+            let listed = names(dir);
+            assert_eq!(listed.len(), all.min(shown), "--max-listing {flag}: {dir}");
+            assert_eq!(listed[0], first);
+        }
+        // Names past the bound are there all the same.
+        for path in [
+            "epoch/0/rank/1/step/124.npy",
+            "epoch/0/rank/1/step/124.json",
+            "observation/499.json",
+            "lookup/epoch/0/observation/499.json",
+        ] {
+            assert!(fs::read(t.mnt.path().join(path)).is_ok(), "{path}");
+        }
+        let info = t.info();
+        assert_eq!(info["max_listing"].to_string(), flag);
+        let truncated: Vec<&str> = info["truncated_listings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["dir"].as_str().unwrap())
+            .collect();
+        let want: &[&str] = match flag {
+            "7" => &[
+                "epoch/E/rank/R/step",
+                "observation",
+                "lookup/epoch/E/observation",
+            ],
+            "250" => &["observation", "lookup/epoch/E/observation"],
+            _ => &[],
+        };
+        assert_eq!(truncated, want, "--max-listing {flag}");
+        t.unmount(pid);
+    }
 }
