@@ -592,41 +592,6 @@ impl View {
         Ok(rest + rows)
     }
 
-    /// The length of the `rows` of stream-mode `S.json` for `key` (without the commas between
-    /// them), from span shapes. The rows are independent: on a machine with more than one
-    /// core, half of them are measured on a second thread (`ls -l` asks one size at a time,
-    /// so the daemon has a core to spare).
-    fn stream_rows_len(&self, key: StepKey) -> Result<u64> {
-        let starts: Vec<u64> = self
-            .plan
-            .observations(key)
-            .map(|o| self.windows.first_record(o))
-            .collect();
-        let measure = |starts: &[u64]| -> Result<u64> {
-            starts.iter().try_fold(0u64, |n, &record| {
-                let shapes = self.dataset.span_shapes(record, self.window)?;
-                Ok(n + spans_json_len(&shapes, None))
-            })
-        };
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        if starts.len() < 8 || cores < 2 {
-            return measure(&starts);
-        }
-        let (first, second) = starts.split_at(starts.len() / 2);
-        std::thread::scope(|scope| {
-            // No thread to be had: measure them all here.
-            let Ok(other) = std::thread::Builder::new().spawn_scoped(scope, || measure(second))
-            else {
-                return measure(&starts);
-            };
-            let here = measure(first);
-            let there = other
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            Ok(here? + there?)
-        })
-    }
-
     /// Writes `S.json` for `key` to `w`; with `rows_len`, the `rows` are not written but their
     /// length is added to it, and the document files are read for sizes only.
     fn step_json_to(
@@ -671,17 +636,11 @@ impl View {
                 .map_err(io)?;
                 if self.dataset.has_documents() {
                     w.write_all(b",\"rows\":[").map_err(io)?;
-                    if measure {
-                        // The rows and the commas between them.
-                        let commas = self.plan.batch_size() - 1;
-                        measured.set(measured.get() + commas + self.stream_rows_len(key)?);
-                    } else {
-                        for (j, o) in self.plan.observations(key).enumerate() {
-                            if j > 0 {
-                                w.write_all(b",").map_err(io)?;
-                            }
-                            spans(w, self.windows.first_record(o), self.window, None)?;
+                    for (j, o) in self.plan.observations(key).enumerate() {
+                        if j > 0 {
+                            w.write_all(b",").map_err(io)?;
                         }
+                        spans(w, self.windows.first_record(o), self.window, None)?;
                     }
                     w.write_all(b"]").map_err(io)?;
                 }
