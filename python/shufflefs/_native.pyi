@@ -1,0 +1,13 @@
+from typing import List
+
+class View:
+    """A dataset seen through a plan, read in this process (no FUSE)."""
+
+    header_bytes: int
+    data_bytes: int
+    def __init__(self, path: str, flags: List[str]) -> None: ...
+    def info_json(self) -> bytes: ...
+    def read_step(self, epoch: int, rank: int, step: int, out: object) -> None: ...
+    def step_json(self, epoch: int, rank: int, step: int) -> bytes: ...
+
+__version__: str
