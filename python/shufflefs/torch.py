@@ -159,9 +159,16 @@ class StepLoader:
         epoch, step = self.dataset.source.position(self._next)
         return {"epoch": epoch, "step": step}
 
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Continue from ``state`` at the next iteration."""
-        self._next = self.dataset.source.global_step(*self.dataset.source.position(state))
+    def load_state_dict(
+        self, state: Mapping[str, int], expect_fingerprint: Optional[str] = None
+    ) -> None:
+        """Continue from ``state`` (a :meth:`state_dict`) at the next iteration; with
+        ``expect_fingerprint`` (stored with the checkpoint) first check that the source serves
+        the same data and plan (:class:`shufflefs.FingerprintMismatch` otherwise)."""
+        source = self.dataset.source
+        if expect_fingerprint is not None:
+            source.check_fingerprint(expect_fingerprint)
+        self._next = source.global_step(*source.position(state))
 
     def __iter__(self) -> Iterator[Item]:
         self.dataset.load_state_dict(self.state_dict())
