@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what it needs (fuse3), then runs the format check, clippy with
-# warnings as errors, the whole test suite, the demo in check mode and a quick benchmark.
+# warnings as errors, the whole test suite, the demo in check mode, a quick benchmark and the
+# Python package's tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/ensure-fuse.sh
@@ -17,5 +18,11 @@ echo "== demo (check mode)"
 scripts/demo.sh --check
 echo "== benchmark (quick: keeps the script working; no thresholds)"
 scripts/bench.sh --quick
+# ---- Python package (python/): venv under target/pyenv, pip install ./python, pytest --------
+echo "== python package (python/test.sh)"
+python/test.sh 2>&1 | tee target/pytest.log
+py_passed=$(awk '/ passed/ { for (i = 2; i <= NF; i++) if ($i ~ /^passed/) s = $(i - 1) } END { print s + 0 }' target/pytest.log)
+passed=$((passed + py_passed))
+# ---- end of the Python package block ------------------------------------------------------
 echo "== all checks passed"
 echo "tests: ${passed} passed, 0 failed"
