@@ -440,7 +440,8 @@ pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Man
         Ok(new) => {
             // The new manifest is in place: files only the old one referenced are garbage.
             if let Some(old) = old {
-                let keep: Vec<&str> = new.shards.iter().flat_map(shard_files).collect();
+                let keep: std::collections::HashSet<&str> =
+                    new.shards.iter().flat_map(shard_files).collect();
                 // Files referenced in place belong to the user: never delete them (their
                 // checksum files, in the dataset directory, are ours).
                 let owned = old.shards.iter().flat_map(|s| {
