@@ -387,6 +387,67 @@ fn open_listed(path: &Path, what: &str) -> Result<(File, std::fs::Metadata)> {
     Ok((file, meta))
 }
 
+/// The largest `manifest.json` read: about 5 million shards. A larger file is not a manifest
+/// pack wrote (or a device or a file still growing), and reading it could exhaust memory.
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 30;
+
+/// Reads and validates `dir/manifest.json`, opened like a listed file: a regular file (not a
+/// FIFO, which would block the open forever, nor a device such as `/dev/zero`, read until
+/// memory runs out), not a symbolic link, at most [`MAX_MANIFEST_BYTES`]. Every command that
+/// opens a dataset reads its manifest here. Returns the manifest and the file's metadata.
+pub fn read_manifest(dir: &Path) -> Result<(Manifest, std::fs::Metadata)> {
+    use std::io::Read;
+    let path = dir.join(MANIFEST);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOENT) => Error::dataset(
+                &path,
+                "no manifest: this directory holds no packed dataset (run `shufflefs pack` \
+                 first; an interrupted pack leaves no manifest)",
+            ),
+            Some(libc::ELOOP) => Error::dataset(
+                &path,
+                "the manifest is a symbolic link, which shufflefs refuses to follow; replace \
+                 it with the file itself (or mount the directory it is in)",
+            ),
+            _ => Error::io(&path, e),
+        })?;
+    let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
+    if !meta.is_file() {
+        return Err(Error::dataset(
+            &path,
+            "the manifest is not a regular file (a FIFO, device or directory): restore the \
+             manifest.json `shufflefs pack` wrote, or re-run `shufflefs pack`",
+        ));
+    }
+    let too_big = |size: u64| {
+        Error::dataset(
+            &path,
+            format!(
+                "the manifest is {size} bytes, more than the {MAX_MANIFEST_BYTES} bytes a \
+                 manifest may have: this is not a manifest `shufflefs pack` wrote; restore it \
+                 or re-run `shufflefs pack`"
+            ),
+        )
+    };
+    if meta.len() > MAX_MANIFEST_BYTES {
+        return Err(too_big(meta.len()));
+    }
+    // Read at most one byte past the bound: a file that grew since the stat is refused too.
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    (&file)
+        .take(MAX_MANIFEST_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(&path, e))?;
+    if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(too_big(bytes.len() as u64));
+    }
+    Ok((Manifest::parse(&bytes, &path)?, meta))
+}
+
 /// An opened, validated dataset.
 #[derive(Debug)]
 pub struct Dataset {
@@ -416,18 +477,7 @@ impl Dataset {
     pub fn open_bounded(dir: &Path, max_open: usize) -> Result<Dataset> {
         let dir = &dir.canonicalize().map_err(|e| Error::io(dir, e))?;
         let manifest_path = dir.join(MANIFEST);
-        let bytes = std::fs::read(&manifest_path).map_err(|e| {
-            if e.kind() == io::ErrorKind::NotFound {
-                Error::dataset(
-                    &manifest_path,
-                    "no manifest: this directory holds no packed dataset (run `shufflefs pack` \
-                     first; an interrupted pack leaves no manifest)",
-                )
-            } else {
-                Error::io(&manifest_path, e)
-            }
-        })?;
-        let manifest = Manifest::parse(&bytes, &manifest_path)?;
+        let (manifest, _) = read_manifest(dir)?;
         let files: usize = manifest
             .shards
             .iter()

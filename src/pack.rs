@@ -403,9 +403,7 @@ pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Man
                 dir.display()
             )));
         }
-        fs::read(&manifest_path)
-            .ok()
-            .and_then(|b| Manifest::parse(&b, &manifest_path).ok())
+        crate::dataset::read_manifest(dir).ok().map(|(m, _)| m)
     } else {
         None
     };

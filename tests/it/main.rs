@@ -21,7 +21,10 @@
 //!   --on-top, --read-timeout, --prefetch-workers);
 //! - `prefill`: the page-cache prefill (`--prefill`);
 //! - `resume`: the fingerprint's scope (elastic resume, more epochs) and `plan` with a pasted
-//!   mount command line.
+//!   mount command line;
+//! - `trust`: what a dataset directory can make a mount serve: the manifest opened like a
+//!   shard, checksum files bound to their shards, in-place content identity, and the owner
+//!   rule with a real second user (issue #10).
 
 mod checksums;
 mod cli;
@@ -41,3 +44,4 @@ mod prefill;
 mod records;
 mod resume;
 mod scale;
+mod trust;
