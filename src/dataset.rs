@@ -52,7 +52,26 @@ pub struct Shard {
     docs: Option<Box<DocFiles>>,
     /// The block checksum file (`checksum.rs`), when the manifest lists one.
     sums: Option<Box<Shard>>,
+    /// For a checksum file: the content hash the manifest records for it, checked before the
+    /// first read that relies on it.
+    bound: Option<Box<Bound>>,
 }
+
+/// The content hash a whole checksum file must have. The manifest records it in the shard's
+/// entry, which binds the file to its shard: a checksum file of another shard (files swapped
+/// together with their checksum files, or copied from another dataset) would otherwise vouch
+/// for that shard's bytes. Checked on the first read that needs the file (the file is 1/8192
+/// of its shard, so a mount never reads all of them), then remembered.
+#[derive(Debug)]
+struct Bound {
+    want: u64,
+    /// [`UNCHECKED`], [`INTACT`] or [`FOREIGN`].
+    state: std::sync::atomic::AtomicU8,
+}
+
+const UNCHECKED: u8 = 0;
+const INTACT: u8 = 1;
+const FOREIGN: u8 = 2;
 
 /// The document and metadata files of one shard (format.rs `ShardDocs`).
 #[derive(Debug)]
@@ -180,6 +199,62 @@ impl Shard {
             source,
             docs: None,
             sums: None,
+            bound: None,
+        }
+    }
+
+    /// Binds this file (a checksum file) to the content hash `want` the manifest records for
+    /// it: no checksum is used before the whole file has been checked against it.
+    pub fn bound_to(mut self, want: u64) -> Shard {
+        self.bound = Some(Box::new(Bound {
+            want,
+            state: std::sync::atomic::AtomicU8::new(UNCHECKED),
+        }));
+        self
+    }
+
+    /// Checks a bound file's whole content against its recorded hash, once (a mismatch is
+    /// remembered too: the mount holds the file open, so it cannot become right). `of` is the
+    /// file whose checksums these are, for the message.
+    fn check_bound(&self, of: &Path) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        let Some(bound) = self.bound.as_deref() else {
+            return Ok(());
+        };
+        let foreign = || {
+            Error::dataset(
+                &self.path,
+                format!(
+                    "this checksum file does not hash to {}, the hash the manifest records \
+                     for the checksums of {}: it is another shard's (files swapped, or copied \
+                     from another dataset) or it changed after packing; restore the dataset's \
+                     files or re-run `shufflefs pack` (`shufflefs verify` checks every file)",
+                    format::format_hash(bound.want),
+                    of.display()
+                ),
+            )
+        };
+        match bound.state.load(Ordering::Acquire) {
+            INTACT => return Ok(()),
+            FOREIGN => return Err(foreign()),
+            _ => {}
+        }
+        let mut hasher = format::ContentHasher::new();
+        let mut buf = vec![0u8; (1usize << 20).min(self.len as usize).max(1)];
+        let mut at = 0u64;
+        while at < self.len {
+            let n = ((self.len - at) as usize).min(buf.len());
+            // An I/O error leaves the file unchecked: the next read tries again.
+            self.read_exact_at(&mut buf[..n], at)?;
+            hasher.update(&buf[..n]);
+            at += n as u64;
+        }
+        if hasher.finish() == bound.want {
+            bound.state.store(INTACT, Ordering::Release);
+            Ok(())
+        } else {
+            bound.state.store(FOREIGN, Ordering::Release);
+            Err(foreign())
         }
     }
 
@@ -289,6 +364,7 @@ impl Shard {
         if buf.is_empty() {
             return Ok(());
         }
+        sums.check_bound(&self.path)?;
         let first = offset / block;
         let last = (offset + buf.len() as u64 - 1) / block;
         let start = first * block;
@@ -560,9 +636,10 @@ impl Dataset {
                     _ => Ok(Shard::new(path.clone(), len, source(&path, file, &meta))),
                 }
             };
+            let hash = |h: &str| format::parse_hash(h).expect("validated at parse");
             if let Some(c) = &entry.checksums {
-                shard =
-                    shard.with_sums(open(&c.file, Some(crate::checksum::file_len(entry.bytes)))?);
+                let sums = open(&c.file, Some(crate::checksum::file_len(entry.bytes)))?;
+                shard = shard.with_sums(sums.bound_to(hash(&c.hash)));
             }
             if let Some(d) = &entry.docs {
                 let sizes = (
@@ -592,7 +669,7 @@ impl Dataset {
                             total += f.len.div_ceil(crate::checksum::DOC_BLOCK);
                         }
                         Some(DocSums {
-                            file: open(&c.file, Some(total * 8))?,
+                            file: open(&c.file, Some(total * 8))?.bound_to(hash(&c.hash)),
                             bases,
                         })
                     }
@@ -1400,6 +1477,64 @@ mod tests {
             assert!(msg.contains(want), "{what}: {msg}");
             std::fs::write(&path, pristine).unwrap();
         }
+    }
+
+    #[test]
+    fn document_files_swapped_with_their_checksum_files_are_refused() {
+        // Documents of 8 u16 tokens with one-digit metadata, two per 16-record shard: every
+        // shard's files have the same sizes, so two shards' files can be swapped whole.
+        let tmp = tempfile::tempdir().unwrap();
+        let lines: String = (0..8u64)
+            .map(|k| {
+                let tokens: Vec<u64> = (k * 8..k * 8 + 8).collect();
+                format!("{{\"tokens\": {tokens:?}, \"meta\": {k}}}\n")
+            })
+            .collect();
+        let input = tmp.path().join("docs.jsonl");
+        std::fs::write(&input, lines).unwrap();
+        let ds = tmp.path().join("ds");
+        let options = crate::pack::PackOptions {
+            dtype: Some(crate::dtype::ScalarType::U16),
+            shard_size: 32,
+            ..crate::pack::PackOptions::default()
+        };
+        let manifest = crate::pack::pack(&ds, &[input], &options).unwrap();
+        assert_eq!(manifest.shards.len(), 4);
+        let pristine = Dataset::open(&ds).unwrap();
+        let want: Vec<_> = (0..8).map(|d| pristine.document(d).unwrap()).collect();
+        drop(pristine);
+        let files = |k: usize| {
+            let s = &manifest.shards[k];
+            let d = s.docs.as_ref().unwrap();
+            let c = d.checksums.as_ref().unwrap();
+            [&s.path, &d.ids, &d.index, &d.meta, &d.docs, &c.file].map(|n| ds.join(n))
+        };
+        for (a, b) in files(1).iter().zip(files(2).iter()) {
+            assert_eq!(
+                std::fs::metadata(a).unwrap().len(),
+                std::fs::metadata(b).unwrap().len()
+            );
+            let tmp = a.with_extension("swap");
+            std::fs::rename(a, &tmp).unwrap();
+            std::fs::rename(b, a).unwrap();
+            std::fs::rename(&tmp, b).unwrap();
+        }
+        let dataset = Dataset::open(&ds).unwrap();
+        let mut refused = 0;
+        for (d, want) in want.iter().enumerate() {
+            match dataset.document(d as u64) {
+                Ok(doc) => assert_eq!(&doc, want, "document {d} served from another shard"),
+                Err(e) => {
+                    let msg = e.to_string();
+                    assert!(
+                        msg.contains(".docsums: this checksum file does not hash to"),
+                        "{msg}"
+                    );
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!(refused, 4, "the documents of the two swapped shards");
     }
 
     struct Truncated(Vec<u8>);

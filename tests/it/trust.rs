@@ -6,6 +6,7 @@
 
 use std::fs;
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -123,4 +124,97 @@ fn a_fifo_or_device_manifest_is_refused_promptly_by_every_command() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(shufflefs_watched(&["inspect", &d]).status.success());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checksum files are bound to their shards.
+
+/// Swaps the names of two files.
+fn swap_files(a: &Path, b: &Path) {
+    let tmp = a.with_extension("swap");
+    fs::rename(a, &tmp).unwrap();
+    fs::rename(b, a).unwrap();
+    fs::rename(&tmp, b).unwrap();
+}
+
+#[test]
+fn shards_swapped_with_their_checksum_files_fail_verified_reads() {
+    if !fuse_available() {
+        return;
+    }
+    // 21 shards of 64 KiB (one checksum block each) of positional u32 tokens.
+    let data = Positional::new(330_000, 64 << 10);
+    let ds = data.path();
+    let cfg = config(64, 64, 16, 1, 5, 1);
+    let reference = shufflefs::fs::ShuffleFs::new(data.view(&cfg)).unwrap();
+    let steps = reference.view().plan().steps_per_epoch();
+    let expected: Vec<Vec<u8>> = (0..steps)
+        .map(|step| {
+            let key = shufflefs::plan::StepKey {
+                epoch: 0,
+                rank: 0,
+                step,
+            };
+            reference.view().render_step_npy(key).unwrap()
+        })
+        .collect();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&fs::read(ds.join("manifest.json")).unwrap()).unwrap();
+    let shards = manifest["shards"].as_array().unwrap();
+    assert_eq!(shards.len(), 21);
+    for (a, b) in [(3, 4), (17, 18)] {
+        for key in ["/path", "/checksums/file"] {
+            let name = |i: usize| {
+                shards[i]
+                    .pointer(key)
+                    .unwrap()
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            };
+            swap_files(&ds.join(name(a)), &ds.join(name(b)));
+        }
+    }
+    let mnt = MountDir::new();
+    let log = data.dir.path().join("daemon.log");
+    let out = shufflefs(&[
+        "mount",
+        s(&ds),
+        s(mnt.path()),
+        "--window",
+        "64",
+        "--batch-size",
+        "16",
+        "--seed",
+        "5",
+        "--verify-reads",
+        "--log-file",
+        s(&log),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (mut wrong, mut eio, mut same) = (0, 0, 0);
+    for (step, want) in expected.iter().enumerate() {
+        let path = mnt.path().join(format!("epoch/0/rank/0/step/{step}.npy"));
+        match fs::read(&path) {
+            Ok(bytes) if bytes == *want => same += 1,
+            Ok(_) => wrong += 1,
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EIO), "step {step}: {e}");
+                eio += 1;
+            }
+        }
+    }
+    let unmount = shufflefs(&["unmount", s(mnt.path())]);
+    assert!(unmount.status.success(), "{}", stderr(&unmount));
+    eprintln!("{steps} steps: {same} served right, {eio} EIO, {wrong} wrong");
+    assert_eq!(wrong, 0, "steps served with another shard's bytes");
+    assert!(eio > 0 && same > 0, "{same} right, {eio} EIO");
+    let log = fs::read_to_string(&log).unwrap();
+    let sums3 = shards[3]["checksums"]["file"].as_str().unwrap();
+    assert!(
+        log.lines().any(|l| l.contains(sums3)
+            && l.contains("this checksum file does not hash to")
+            && l.contains(shards[3]["path"].as_str().unwrap())),
+        "{log}"
+    );
 }
