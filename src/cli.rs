@@ -105,8 +105,10 @@ pub struct PackArgs {
     #[arg(long)]
     pub no_progress: bool,
     /// Write only the manifest and reference the input files (raw, .npy, llm.c) as shards,
-    /// without copying a byte (they must not change afterwards; a mount refuses a modified
-    /// file).
+    /// without copying them: each is identified by its size and 16 sampled pages, and
+    /// referenced relative to DATASET_DIR when inside it (copy, archive or move the directory
+    /// with its files). They must not change afterwards; a mount refuses a file whose content
+    /// changed.
     #[arg(long)]
     pub in_place: bool,
     /// Upper bound of each shard file (bytes; suffixes KiB MiB GiB TiB).

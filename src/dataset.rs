@@ -294,6 +294,53 @@ impl Shard {
         self.read_checked_at(sums, crate::checksum::BLOCK, 0, buf, offset)
     }
 
+    /// The content identity of this shard as a file referenced in place: its size and the
+    /// pages [`format::sample_ranges`] picks ([`format::sampled_identity`]). Reads at most
+    /// 64 KiB.
+    pub fn sampled_identity(&self) -> Result<String> {
+        let ranges = format::sample_ranges(self.len);
+        let mut sampled = vec![0u8; ranges.iter().map(|r| r.1 as usize).sum()];
+        let mut at = 0usize;
+        for (offset, len) in ranges {
+            self.read_exact_at(&mut sampled[at..at + len as usize], offset)?;
+            at += len as usize;
+        }
+        Ok(format::sampled_identity(self.len, &sampled))
+    }
+
+    /// The mount-time check of an in-place shard (format version 4) whose file has mtime
+    /// `mtime`: trusted while its guard vouches for its path, mtime and identity and the mtime
+    /// is unchanged (the live-mutation guard); otherwise sampled again and refused unless the
+    /// content identity matches. A copy, an archive or a move of the dataset directory (new
+    /// inodes, rounded mtimes) thus mounts under the same fingerprint.
+    fn check_in_place(&self, entry: &format::ShardEntry, mtime: u64) -> Result<()> {
+        let Some(packed) = entry.in_place_mtime_ns else {
+            return Ok(());
+        };
+        let guard = format::in_place_guard(&entry.path, entry.bytes, packed, &entry.hash);
+        if mtime == packed && entry.in_place_guard.as_deref() == Some(guard.as_str()) {
+            return Ok(());
+        }
+        if self.sampled_identity()? != entry.hash {
+            return Err(Error::dataset(
+                &self.path,
+                format!(
+                    "this file is referenced in place and its content is not what `pack \
+                     --in-place` referenced (its size and {} sampled pages hash to another \
+                     identity than {}): it was modified, or is another file; restore it or \
+                     re-run `shufflefs pack --in-place`",
+                    format::SAMPLES,
+                    entry.hash
+                ),
+            ));
+        }
+        log::debug!(
+            "{}: mtime or path differs from `pack --in-place`, content samples match",
+            self.path.display()
+        );
+        Ok(())
+    }
+
     /// Attaches document files.
     pub fn with_docs(mut self, docs: DocFiles) -> Shard {
         self.docs = Some(Box::new(docs));
@@ -594,6 +641,7 @@ impl Dataset {
             let path = dir.join(&entry.path);
             let (file, meta) = open_listed(&path, "shard")?;
             if let Some(want) = entry.in_place_mtime_ns
+                && manifest.version < 4
                 && mtime_ns(&meta) != want
             {
                 return Err(Error::dataset(
@@ -621,6 +669,9 @@ impl Dataset {
             }
             let shard_source = shard_source(&path, file, &meta);
             let mut shard = Shard::new(path, entry.bytes, shard_source).with_offset(entry.offset);
+            if manifest.version >= 4 {
+                shard.check_in_place(entry, mtime_ns(&meta))?;
+            }
             let open = |name: &str, want: Option<u64>| -> Result<Shard> {
                 let path = dir.join(name);
                 let (file, meta) = open_listed(&path, "document file")?;
@@ -1173,6 +1224,7 @@ mod tests {
                 source_format: None,
                 docs: None,
                 in_place_mtime_ns: None,
+                in_place_guard: None,
                 checksums: None,
             });
             shards.push(Shard::new(format!("s{i}"), len, Arc::new(bytes)));

@@ -32,35 +32,47 @@ pub const FORMAT_NAME: &str = "shufflefs-dataset";
 
 /// The manifest version this build writes. Bumped on any change that an older reader would
 /// misread; readers refuse versions they do not know with a message saying what to do.
-/// Version 3 added per-shard block checksums (`checksums`).
-pub const VERSION: u32 = 3;
+/// Version 3 added per-shard block checksums (`checksums`); version 4 identifies in-place
+/// shards by their content ([`sampled_identity`]) and stores their paths relative to the
+/// dataset directory where they are inside it, with an [`in_place_guard`].
+pub const VERSION: u32 = 4;
 
 /// The oldest manifest version this build reads: a version 2 manifest is a version 3 one
-/// without checksums.
+/// without checksums; versions 2 and 3 identify an in-place shard by its absolute path, size
+/// and mtime ([`in_place_hash`]).
 pub const MIN_VERSION: u32 = 2;
 
 /// One shard of the stream.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ShardEntry {
-    /// File name, relative to the dataset directory (a single normal path component).
+    /// File name, relative to the dataset directory (a single normal path component). For an
+    /// in-place shard (version 4): a relative path of normal components when the file is
+    /// inside the dataset directory, an absolute one otherwise.
     pub path: String,
     /// Number of records in the shard.
     pub records: u64,
     /// Size of the shard's records in bytes (`records * itemsize`); the file is `offset +
     /// bytes` bytes.
     pub bytes: u64,
-    /// Content hash of the shard bytes ([`ContentHasher`]), 16 hex digits.
+    /// Content hash of the shard bytes ([`ContentHasher`]), 16 hex digits. For an in-place
+    /// shard, its [`sampled_identity`] (version 4) or [`in_place_hash`] (versions 2-3).
     pub hash: String,
     /// The shard's document and metadata files, when the dataset has documents.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub docs: Option<ShardDocs>,
     /// For a shard referenced in place (`pack --in-place`): the file's modification time in
-    /// nanoseconds since the epoch when it was packed. `path` is then an absolute path and
-    /// `hash` hashes the identity (path, size, mtime) instead of the content, which pack never
-    /// reads.
+    /// nanoseconds since the epoch when it was packed. In version 4 only the live-mutation
+    /// guard: a mount that finds another mtime samples the content again instead of trusting
+    /// it. (Versions 2-3: `path` is absolute and `hash` is [`in_place_hash`].)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_place_mtime_ns: Option<u64>,
+    /// For an in-place shard (version 4): [`in_place_guard`] of `path`, `bytes`,
+    /// `in_place_mtime_ns` and `hash`. While it matches and the file's mtime is still
+    /// `in_place_mtime_ns`, a mount trusts the file to be the one sampled; otherwise (an edited
+    /// path, a file restored from an archive) it samples the file and compares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_place_guard: Option<String>,
     /// Block checksums of the shard bytes (version 3; optional).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checksums: Option<ShardChecksums>,
@@ -220,6 +232,7 @@ impl Manifest {
                 Some(_) if shard.docs.is_some() => {
                     Err("an in-place shard cannot have document files".to_string())
                 }
+                Some(_) if self.version >= 4 => check_in_place_path(&shard.path),
                 Some(_) if Path::new(&shard.path).is_absolute() => Ok(()),
                 Some(_) => Err(format!(
                     "{:?} of an in-place shard must be absolute",
@@ -227,6 +240,28 @@ impl Manifest {
                 )),
             }
             .map_err(|e| dataset_err(format!("shards[{i}].path: {e}")))?;
+            match (&shard.in_place_guard, shard.in_place_mtime_ns) {
+                (None, Some(_)) if self.version >= 4 => {
+                    return fail(format!("shards[{i}] is in place but has no in_place_guard"));
+                }
+                (Some(_), _) if self.version < 4 => {
+                    return fail(format!(
+                        "shards[{i}].in_place_guard needs manifest version 4, not {}",
+                        self.version
+                    ));
+                }
+                (Some(_), None) => {
+                    return fail(format!(
+                        "shards[{i}].in_place_guard without in_place_mtime_ns"
+                    ));
+                }
+                (Some(g), _) if parse_hash(g).is_none() => {
+                    return fail(format!(
+                        "shards[{i}].in_place_guard {g:?} is not 16 hex digits"
+                    ));
+                }
+                _ => {}
+            }
             if shard.records == 0 {
                 return fail(format!("shards[{i}] ({}) has no records", shard.path));
             }
@@ -284,9 +319,12 @@ impl Manifest {
                     shard.hash
                 ));
             }
-            // An in-place shard's hash is its identity (path, size, mtime): checking it is
-            // what binds the path, which content_hash does not cover, to the shard.
+            // Versions 2-3: an in-place shard's hash is its identity (path, size, mtime):
+            // checking it is what binds the path, which content_hash does not cover, to the
+            // shard. (From version 4 the hash is the content's, checked against the file at
+            // mount whenever the guard does not vouch for it.)
             if let Some(mtime) = shard.in_place_mtime_ns
+                && self.version < 4
                 && shard.hash != in_place_hash(&shard.path, shard.bytes, mtime)
             {
                 return fail(format!(
@@ -492,6 +530,31 @@ fn pack_shard_number(path: &str) -> Option<(u64, &str)> {
     canonical.then_some((n, stem))
 }
 
+/// The path of an in-place shard (version 4): relative to the dataset directory (normal
+/// components only: no `..`, `.`, empty components or trailing `/`, and not the manifest
+/// itself) or absolute, in that same canonical form, so that one file has one spelling.
+fn check_in_place_path(p: &str) -> std::result::Result<(), String> {
+    let mut rebuilt = std::path::PathBuf::new();
+    let (mut normal, mut other) = (0, false);
+    for c in Path::new(p).components() {
+        match c {
+            Component::RootDir => rebuilt.push("/"),
+            Component::Normal(name) => {
+                normal += 1;
+                rebuilt.push(name);
+            }
+            _ => other = true,
+        }
+    }
+    if normal == 0 || other || rebuilt.as_os_str() != p || p == MANIFEST {
+        return Err(format!(
+            "{p:?} of an in-place shard must be a path inside the dataset directory (normal \
+             components only, no `..`) or an absolute path, in canonical form"
+        ));
+    }
+    Ok(())
+}
+
 /// A shard path must be one plain file name inside the dataset directory.
 fn check_shard_path(p: &str) -> std::result::Result<(), String> {
     let mut components = Path::new(p).components();
@@ -507,14 +570,21 @@ impl Manifest {
     /// The `content_hash` this manifest must carry. From version 3 it covers `dtype` and
     /// `metadata` too, which change what a mount serves (an edited dtype of the same item
     /// size, or a dropped metadata flag, would otherwise open under a new fingerprint instead
-    /// of being refused); version 2 covers the shard list only ([`content_hash`]).
+    /// of being refused), and the version (3 or 4); version 2 covers the shard list only
+    /// ([`content_hash`]).
     pub fn expected_content_hash(&self) -> String {
         let shards = content_hash(&self.shards);
         if self.version < 3 {
             return shards;
         }
         let mut h = ContentHasher::new();
-        h.update(b"shufflefs-dataset-v3");
+        // The version is part of the identity, so an edited version is refused rather than
+        // opened under a new fingerprint.
+        h.update(if self.version >= 4 {
+            b"shufflefs-dataset-v4"
+        } else {
+            b"shufflefs-dataset-v3"
+        });
         h.update(self.dtype.as_bytes());
         h.update(&[0, u8::from(self.metadata)]);
         h.update(&parse_hash(&shards).unwrap_or(0).to_le_bytes());
@@ -522,7 +592,61 @@ impl Manifest {
     }
 }
 
-/// The identity hash of a shard referenced in place: its absolute path, size and mtime.
+/// Ranges sampled per in-place shard by [`sample_ranges`].
+pub const SAMPLES: u64 = 16;
+
+/// Bytes per sampled range (a page).
+pub const SAMPLE_BYTES: u64 = 4096;
+
+/// The byte ranges `(offset, len)` of a shard of `bytes` bytes whose content identifies it in
+/// place: the whole shard when it is at most [`SAMPLES`] * [`SAMPLE_BYTES`] (64 KiB), else
+/// [`SAMPLES`] pages spread evenly from the first to the last byte (page-aligned but the last,
+/// which ends at the end). Fixed by the size alone, so the same bytes always sample alike.
+pub fn sample_ranges(bytes: u64) -> Vec<(u64, u64)> {
+    if bytes <= SAMPLES * SAMPLE_BYTES {
+        return vec![(0, bytes)];
+    }
+    let span = u128::from(bytes - SAMPLE_BYTES);
+    (0..SAMPLES)
+        .map(|k| {
+            let at = if k + 1 == SAMPLES {
+                bytes - SAMPLE_BYTES
+            } else {
+                let spread = (u128::from(k) * span / u128::from(SAMPLES - 1)) as u64;
+                spread / SAMPLE_BYTES * SAMPLE_BYTES
+            };
+            (at, SAMPLE_BYTES)
+        })
+        .collect()
+}
+
+/// The content identity of an in-place shard (version 4): its size and the bytes of its
+/// [`sample_ranges`], in order (`sampled`, concatenated). O(1) per shard; it cannot see a
+/// change of the same size outside the sampled pages (docs/FORMAT.md, section 3).
+pub fn sampled_identity(bytes: u64, sampled: &[u8]) -> String {
+    let mut h = ContentHasher::new();
+    h.update(b"shufflefs-in-place-v4\0");
+    h.update(&bytes.to_le_bytes());
+    h.update(sampled);
+    format_hash(h.finish())
+}
+
+/// The guard of an in-place shard (version 4): binds its stored `path` and its mtime at pack
+/// to its content identity `hash`. Not a secret: it makes a mount trust an unmodified file
+/// without sampling it, and sample every file whose path, mtime or hash was edited.
+pub fn in_place_guard(path: &str, bytes: u64, mtime_ns: u64, hash: &str) -> String {
+    let mut h = ContentHasher::new();
+    h.update(b"shufflefs-in-place-guard\0");
+    h.update(path.as_bytes());
+    h.update(&[0]);
+    h.update(&bytes.to_le_bytes());
+    h.update(&mtime_ns.to_le_bytes());
+    h.update(&parse_hash(hash).unwrap_or(0).to_le_bytes());
+    format_hash(h.finish())
+}
+
+/// The identity hash of a shard referenced in place by a version 2-3 manifest: its absolute
+/// path, size and mtime.
 pub fn in_place_hash(path: &str, bytes: u64, mtime_ns: u64) -> String {
     let mut h = ContentHasher::new();
     h.update(path.as_bytes());
@@ -665,6 +789,7 @@ mod tests {
                 source_format: None,
                 docs: None,
                 in_place_mtime_ns: None,
+                in_place_guard: None,
                 checksums: None,
             },
             ShardEntry {
@@ -676,6 +801,7 @@ mod tests {
                 source_format: None,
                 docs: None,
                 in_place_mtime_ns: None,
+                in_place_guard: None,
                 checksums: None,
             },
         ];
@@ -732,10 +858,18 @@ mod tests {
         check(&|m| m.shards[0].path = "../x.bin".into(), "plain file name");
         check(
             &|m| {
+                m.version = 3;
                 m.shards[0].path = "rel.bin".into();
                 m.shards[0].in_place_mtime_ns = Some(1);
             },
             "must be absolute",
+        );
+        check(
+            &|m| {
+                m.shards[0].path = "rel.bin".into();
+                m.shards[0].in_place_mtime_ns = Some(1);
+            },
+            "shards[0] is in place but has no in_place_guard",
         );
         check(
             &|m| m.shards[0].path = "/etc/passwd".into(),
@@ -744,7 +878,7 @@ mod tests {
         check(&|m| m.shards[0].path = "a/b".into(), "plain file name");
         check(&|m| m.shards[0].hash = "zz".into(), "hex");
         check(&|m| m.shards[0].hash = format_hash(9), "content_hash");
-        check(&|m| m.version = 4, "version 4");
+        check(&|m| m.version = 5, "version 5");
         let sums = |file: &str| ShardChecksums {
             file: file.into(),
             block: crate::checksum::BLOCK,
@@ -844,6 +978,7 @@ mod tests {
                         checksums: None,
                     }),
                     in_place_mtime_ns: None,
+                    in_place_guard: None,
                     checksums: None,
                     offset: 0,
                     source_format: None,
@@ -930,8 +1065,9 @@ mod tests {
     }
 
     #[test]
-    fn an_in_place_shard_hash_binds_its_path() {
+    fn a_version_3_in_place_shard_hash_binds_its_path() {
         let mut m = sample();
+        m.version = 3;
         for (k, s) in m.shards.iter_mut().enumerate() {
             s.path = format!("/data/part{k}.bin");
             s.bytes = 40;
@@ -959,6 +1095,109 @@ mod tests {
         assert!(Manifest::parse(&moved.to_bytes(), Path::new("m")).is_err());
     }
 
+    #[test]
+    fn version_4_in_place_paths_and_guards() {
+        let in_place = |paths: &[&str]| {
+            let mut m = sample();
+            for (s, p) in m.shards.iter_mut().zip(paths) {
+                s.path = p.to_string();
+                s.in_place_mtime_ns = Some(7);
+                s.in_place_guard = Some(in_place_guard(&s.path, s.bytes, 7, &s.hash));
+            }
+            m.content_hash = m.expected_content_hash();
+            m
+        };
+        let parse = |m: &Manifest| Manifest::parse(&m.to_bytes(), Path::new("m"));
+        // Inside the dataset directory (relative, any depth) or outside (absolute).
+        parse(&in_place(&["part0.bin", "data/x/part1.bin"])).unwrap();
+        parse(&in_place(&["/srv/a.bin", "b.bin"])).unwrap();
+        for bad in [
+            "../x.bin",
+            "data/../x.bin",
+            "./x.bin",
+            "data/./x.bin",
+            "data//x.bin",
+            "data/",
+            "",
+            "/",
+            "//srv/a.bin",
+            "/srv/../a.bin",
+            "manifest.json",
+        ] {
+            let msg = parse(&in_place(&[bad, "b.bin"])).unwrap_err().to_string();
+            assert!(msg.contains("in canonical form"), "{bad:?}: {msg}");
+        }
+        let msg = parse(&in_place(&["a.bin", "a.bin"]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("shards[1].path \"a.bin\" is also shards[0].path"),
+            "{msg}"
+        );
+        // The guard is a hex hash, only in version 4 and only in place; the paths are not in
+        // the identity (copies and moves keep it), the content hashes are.
+        let mut m = in_place(&["a.bin", "b.bin"]);
+        m.shards[0].in_place_guard = Some("x".into());
+        assert!(
+            parse(&m)
+                .unwrap_err()
+                .to_string()
+                .contains("not 16 hex digits")
+        );
+        let mut m = in_place(&["a.bin", "b.bin"]);
+        m.shards[0].in_place_mtime_ns = None;
+        assert!(
+            parse(&m)
+                .unwrap_err()
+                .to_string()
+                .contains("without in_place_mtime_ns")
+        );
+        let mut m = in_place(&["/a.bin", "/b.bin"]);
+        m.version = 3;
+        m.content_hash = m.expected_content_hash();
+        assert!(
+            parse(&m)
+                .unwrap_err()
+                .to_string()
+                .contains("needs manifest version 4")
+        );
+        assert_eq!(
+            in_place(&["a.bin", "b.bin"]).content_hash,
+            in_place(&["/elsewhere/a.bin", "c/b.bin"]).content_hash
+        );
+        // A guard that does not match (an edited path or mtime) is not an error here: the
+        // mount samples the file instead of trusting it.
+        let mut m = in_place(&["a.bin", "b.bin"]);
+        m.shards[1].path = "c.bin".into();
+        parse(&m).unwrap();
+    }
+
+    #[test]
+    fn sample_ranges_cover_small_shards_and_spread_over_large_ones() {
+        assert_eq!(sample_ranges(10), vec![(0, 10)]);
+        assert_eq!(sample_ranges(65_536), vec![(0, 65_536)]);
+        for bytes in [65_537, 1 << 30, 3 << 40, u64::MAX] {
+            let r = sample_ranges(bytes);
+            assert_eq!(r.len() as u64, SAMPLES);
+            assert_eq!(r[0], (0, SAMPLE_BYTES));
+            assert_eq!(
+                r[15],
+                (bytes - SAMPLE_BYTES, SAMPLE_BYTES),
+                "ends at the end"
+            );
+            assert!(r.windows(2).all(|w| w[0].0 < w[1].0), "{bytes}: {r:?}");
+            assert!(r[..15].iter().all(|&(at, _)| at % SAMPLE_BYTES == 0));
+        }
+        assert_ne!(
+            sampled_identity(4, &[1, 2, 3, 4]),
+            sampled_identity(5, &[1, 2, 3, 4])
+        );
+        assert_ne!(
+            sampled_identity(4, &[1, 2, 3, 4]),
+            sampled_identity(4, &[1, 2, 3, 5])
+        );
+    }
+
     /// A manifest of `n` shards named as pack names them, each with a checksum file.
     fn many_shards(n: usize) -> Manifest {
         let mut m = sample();
@@ -970,6 +1209,7 @@ mod tests {
                 hash: format_hash(k as u64),
                 docs: None,
                 in_place_mtime_ns: None,
+                in_place_guard: None,
                 checksums: Some(ShardChecksums {
                     file: format!("shard-0123abcd-{k:05}.sums"),
                     block: crate::checksum::BLOCK,

@@ -1126,6 +1126,7 @@ impl Writer {
             source_format: None,
             docs,
             in_place_mtime_ns: None,
+            in_place_guard: None,
             checksums,
         });
         Ok(())
@@ -1231,10 +1232,13 @@ fn write_manifest(
 }
 
 /// `shufflefs pack --in-place`: writes only a manifest that references the input files
-/// themselves as shards, without copying a byte. The inputs get the checks a copy gets (one
-/// file is accepted by both or refused by both); a shard starts at its records, after an llm.c
-/// or `.npy` header (`ShardEntry::offset`). Each file is pinned by absolute path, size and
-/// modification time; a mount refuses a file that changed since.
+/// themselves as shards, without copying them (it reads 16 pages of each). The inputs get the
+/// checks a copy gets (one file is accepted by both or refused by both); a shard starts at its
+/// records, after an llm.c or `.npy` header (`ShardEntry::offset`). Each file is identified by
+/// its size and sampled content, and referenced by a path relative to the dataset directory
+/// when it is inside it (so copies, archives and moves of the directory keep working and keep
+/// the fingerprint), else by its absolute path. A mount refuses a file whose content samples
+/// changed ([`reference_in_place`]).
 pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Manifest> {
     if options.doc_sep.is_some() {
         return Err(Error::invalid(
@@ -1265,29 +1269,13 @@ pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> R
             continue;
         }
         let abs = input.canonicalize().map_err(|e| Error::io(&input, e))?;
-        let meta = fs::metadata(&abs).map_err(|e| Error::io(&abs, e))?;
-        if meta.len() != offset + bytes {
+        if abs.to_str().is_none() {
             return Err(Error::invalid(format!(
-                "{}: the file changed while packing; re-run pack when it is complete",
+                "{}: path is not UTF-8",
                 abs.display()
             )));
         }
-        let path = abs
-            .to_str()
-            .ok_or_else(|| Error::invalid(format!("{}: path is not UTF-8", abs.display())))?
-            .to_string();
-        let mtime = crate::dataset::mtime_ns(&meta);
-        shards.push(ShardEntry {
-            hash: format::in_place_hash(&path, bytes, mtime),
-            path,
-            records: bytes / itemsize,
-            bytes,
-            offset,
-            source_format: Some(kind.source_format().to_string()),
-            docs: None,
-            in_place_mtime_ns: Some(mtime),
-            checksums: None,
-        });
+        shards.push((abs, offset, bytes, kind));
     }
     if shards.is_empty() {
         return Err(Error::invalid("the inputs hold no tokens"));
@@ -1299,6 +1287,13 @@ pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> R
         )));
     }
     fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let canonical_dir = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
+    let shards = shards
+        .into_iter()
+        .map(|(abs, offset, bytes, kind)| {
+            reference_in_place(&canonical_dir, &abs, (offset, bytes, itemsize), kind)
+        })
+        .collect::<Result<Vec<_>>>()?;
     if dir.join(MANIFEST).exists() && !options.force {
         return Err(Error::invalid(format!(
             "{} already holds a dataset ({MANIFEST} exists): choose another directory or \
@@ -1312,6 +1307,52 @@ pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> R
         written.cleanup();
     }
     result
+}
+
+/// The manifest entry of a file referenced in place (format version 4), its records starting
+/// `offset` bytes into it: its path relative to the dataset directory `dir` (canonical) when
+/// it is inside it, else absolute; its content identity from the size and the sampled pages of
+/// the records (`format::sampled_identity`); its mtime and the guard that binds path and mtime
+/// to that identity.
+fn reference_in_place(
+    dir: &Path,
+    abs: &Path,
+    (offset, bytes, itemsize): (u64, u64, u64),
+    kind: Kind,
+) -> Result<ShardEntry> {
+    let file = File::open(abs).map_err(|e| Error::io(abs, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(abs, e))?;
+    if meta.len() != offset + bytes {
+        return Err(Error::invalid(format!(
+            "{}: the file changed while packing; re-run pack when it is complete",
+            abs.display()
+        )));
+    }
+    let shard =
+        crate::dataset::Shard::new(abs, bytes, std::sync::Arc::new(file)).with_offset(offset);
+    let hash = shard.sampled_identity()?;
+    let inside = abs
+        .strip_prefix(dir)
+        .ok()
+        .and_then(Path::to_str)
+        .filter(|rel| !rel.is_empty() && *rel != MANIFEST);
+    let path = match inside {
+        Some(rel) => rel.to_string(),
+        None => abs.to_str().expect("checked UTF-8").to_string(),
+    };
+    let mtime = crate::dataset::mtime_ns(&meta);
+    Ok(ShardEntry {
+        in_place_guard: Some(format::in_place_guard(&path, bytes, mtime, &hash)),
+        hash,
+        path,
+        records: bytes / itemsize,
+        bytes,
+        offset,
+        source_format: Some(kind.source_format().to_string()),
+        docs: None,
+        in_place_mtime_ns: Some(mtime),
+        checksums: None,
+    })
 }
 
 /// Writes `tokens` positional tokens of `dtype` to `path` (token `i` has value `i` modulo the

@@ -1,11 +1,14 @@
 //! `shufflefs verify`: reads every byte of a dataset and checks it against the manifest.
 //!
-//! For each shard: the whole-file content hash (copied shards; an in-place shard's `hash` is an
-//! identity hash, so only its checksums can be checked), every block checksum and the checksum
-//! file's own hash, and for document files their combined hash and the entry index (offsets
-//! increasing by at least 16, the last one equal to the metadata size). With
-//! `write_checksums`, shards without checksums get a checksum file and the manifest is
-//! rewritten (atomically, by rename) to reference them, but only when nothing failed.
+//! For each shard: the whole-file content hash (copied shards), or for an in-place shard its
+//! content identity (size and sampled pages, format version 4; a version 2-3 in-place `hash`
+//! hashes path, size and mtime, so only its checksums can be checked), every block checksum and
+//! the checksum file's own hash (which binds it to its shard), and for document files their
+//! combined hash and the entry index (offsets increasing by at least 16, the last one equal to
+//! the metadata size). With `write_checksums`, shards without checksums get a checksum file
+//! and the manifest is rewritten (atomically, by rename) to reference them, but only when
+//! nothing failed; a version 2-3 manifest is rewritten as version 4 (in-place shards then get
+//! their content identity and, inside the dataset directory, relative paths).
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -16,7 +19,7 @@ use serde::Serialize;
 use crate::checksum::{self, BlockSums};
 use crate::dataset::{Dataset, Shard};
 use crate::error::{Error, Result};
-use crate::format::{self, ContentHasher, MANIFEST, Manifest, ShardChecksums, VERSION};
+use crate::format::{self, ContentHasher, MANIFEST, ShardChecksums, VERSION};
 
 /// Bytes read per call while verifying.
 const CHUNK: usize = 8 << 20;
@@ -95,7 +98,26 @@ pub fn verify(
             progress(i as u64 + 1, total);
             continue;
         }
-        if entry.in_place_mtime_ns.is_none() && format::format_hash(whole.finish()) != entry.hash {
+        if entry.in_place_mtime_ns.is_some() && manifest.version >= 4 {
+            match shard.sampled_identity() {
+                Ok(id) if id != entry.hash => report.problems.push(report_problem(
+                    shard.path(),
+                    format!(
+                        "content identity {id} (size and {} sampled pages) but the manifest \
+                         records {}: the file referenced in place changed; restore it or \
+                         re-run `shufflefs pack --in-place`",
+                        format::SAMPLES,
+                        entry.hash
+                    ),
+                )),
+                Ok(_) => {}
+                Err(e) => report
+                    .problems
+                    .push(report_problem(shard.path(), e.to_string())),
+            }
+        } else if entry.in_place_mtime_ns.is_none()
+            && format::format_hash(whole.finish()) != entry.hash
+        {
             report.problems.push(report_problem(
                 shard.path(),
                 format!(
@@ -256,7 +278,7 @@ pub fn verify(
         progress(i as u64 + 1, total);
     }
     if options.write_checksums && report.problems.is_empty() {
-        report.checksums_written = write_checksums(dataset.dir(), &manifest, &new_sums)?;
+        report.checksums_written = write_checksums(&dataset, &new_sums)?;
     }
     Ok(report)
 }
@@ -269,7 +291,8 @@ fn report_problem(path: &Path, message: String) -> Problem {
 }
 
 /// Writes a checksum file for every shard with `Some` sums and rewrites the manifest.
-fn write_checksums(dir: &Path, manifest: &Manifest, sums: &[Option<Vec<u64>>]) -> Result<u64> {
+fn write_checksums(dataset: &Dataset, sums: &[Option<Vec<u64>>]) -> Result<u64> {
+    let (dir, manifest) = (dataset.dir(), dataset.manifest());
     let mut updated = manifest.clone();
     let mut written = 0;
     for (i, (entry, sums)) in updated.shards.iter_mut().zip(sums).enumerate() {
@@ -299,6 +322,30 @@ fn write_checksums(dir: &Path, manifest: &Manifest, sums: &[Option<Vec<u64>>]) -
     }
     if written == 0 {
         return Ok(0);
+    }
+    if updated.version < 4 {
+        // Version 4 identifies in-place shards by content and stores the paths of those
+        // inside the dataset directory relative to it.
+        for (entry, shard) in updated.shards.iter_mut().zip(dataset.shards()) {
+            let Some(mtime) = entry.in_place_mtime_ns else {
+                continue;
+            };
+            entry.hash = shard.sampled_identity()?;
+            if let Some(rel) = Path::new(&entry.path)
+                .strip_prefix(dir)
+                .ok()
+                .and_then(Path::to_str)
+                .filter(|rel| !rel.is_empty() && *rel != MANIFEST)
+            {
+                entry.path = rel.to_string();
+            }
+            entry.in_place_guard = Some(format::in_place_guard(
+                &entry.path,
+                entry.bytes,
+                mtime,
+                &entry.hash,
+            ));
+        }
     }
     updated.version = VERSION;
     updated.content_hash = updated.expected_content_hash();

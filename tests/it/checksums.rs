@@ -61,7 +61,7 @@ fn verify_passes_then_finds_the_changed_block() {
     let ds = packed(tmp.path());
     let manifest: serde_json::Value =
         serde_json::from_slice(&fs::read(ds.join("manifest.json")).unwrap()).unwrap();
-    assert_eq!(manifest["version"], 3);
+    assert_eq!(manifest["version"], shufflefs::format::VERSION);
     for s in manifest["shards"].as_array().unwrap() {
         let file = s["checksums"]["file"].as_str().unwrap();
         let bytes = s["bytes"].as_u64().unwrap();

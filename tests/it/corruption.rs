@@ -453,6 +453,7 @@ fn key_order(map: &serde_json::Map<String, Value>) -> &'static [&'static str] {
             "hash",
             "docs",
             "in_place_mtime_ns",
+            "in_place_guard",
             "checksums",
             "offset",
             "source_format",

@@ -218,3 +218,273 @@ fn shards_swapped_with_their_checksum_files_fail_verified_reads() {
         "{log}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// In-place shards are identified by their content.
+
+/// Writes `n` u16 tokens `t * 3 + k` with an mtime that has nanoseconds (which tar rounds).
+fn token_file(path: &Path, n: u16, k: u16) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let bytes: Vec<u8> = (0..n)
+        .flat_map(|t| t.wrapping_mul(3).wrapping_add(k).to_le_bytes())
+        .collect();
+    fs::write(path, bytes).unwrap();
+    let mtime = std::time::UNIX_EPOCH + Duration::new(1_700_000_000 + u64::from(k), 123_456_789);
+    fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+}
+
+const PLAN: [&str; 8] = [
+    "--window",
+    "33",
+    "--stride",
+    "32",
+    "--batch-size",
+    "4",
+    "--seed",
+    "9",
+];
+
+fn fingerprint(ds: &Path) -> Result<String, String> {
+    let out = shufflefs_watched(&[&["plan", s(ds), "--info"][..], &PLAN].concat());
+    if !out.status.success() {
+        return Err(stderr(&out));
+    }
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    Ok(info["fingerprint"].as_str().unwrap().to_string())
+}
+
+/// Mounts `ds`, reads steps 0..n of rank 0 and unmounts.
+fn mounted_steps(ds: &Path, n: u64) -> Vec<Vec<u8>> {
+    let mnt = MountDir::new();
+    let out = shufflefs(&[&["mount", s(ds), s(mnt.path())][..], &PLAN].concat());
+    assert!(out.status.success(), "{}: {}", ds.display(), stderr(&out));
+    let steps = (0..n)
+        .map(|k| fs::read(mnt.path().join(format!("epoch/0/rank/0/step/{k}.npy"))).unwrap())
+        .collect();
+    let out = shufflefs(&["unmount", s(mnt.path())]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    steps
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{cmd:?}: {}", stderr(&out));
+}
+
+#[test]
+fn in_place_copies_archives_and_moves_keep_the_fingerprint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = tmp.path().join("ds");
+    for (k, n) in [(0u16, 40_000u16), (1, 50_000), (2, 3_000)] {
+        token_file(&ds.join(format!("data/part{k}.bin")), n, k);
+    }
+    let outside = tmp.path().join("outside/ext.bin");
+    token_file(&outside, 45_000, 3);
+    let inputs: Vec<String> = (0..3)
+        .map(|k| s(&ds.join(format!("data/part{k}.bin"))).to_string())
+        .chain([s(&outside).to_string()])
+        .collect();
+    let mut args = vec!["pack", s(&ds)];
+    args.extend(inputs.iter().map(String::as_str));
+    args.extend(["--dtype", "u16", "--in-place", "--no-progress"]);
+    let out = shufflefs(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Paths inside the dataset directory are relative, the one outside stays absolute.
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&fs::read(ds.join("manifest.json")).unwrap()).unwrap();
+    let paths: Vec<&str> = manifest["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "data/part0.bin",
+            "data/part1.bin",
+            "data/part2.bin",
+            s(&outside)
+        ]
+    );
+    let want = fingerprint(&ds).unwrap();
+    let reference = mounted_steps(&ds, 20);
+    // Each copy is checked with the original moved away: it must not be what is served.
+    let away = tmp.path().join("away");
+    let check = |copy: &Path, how: &str| {
+        fs::rename(&ds, &away).unwrap();
+        assert_eq!(fingerprint(copy).as_deref(), Ok(want.as_str()), "{how}");
+        assert!(mounted_steps(copy, 20) == reference, "{how}: other bytes");
+        fs::rename(&away, &ds).unwrap();
+    };
+    let copy = tmp.path().join("cp-a");
+    run(Command::new("cp").arg("-a").arg(&ds).arg(&copy));
+    check(&copy, "cp -a");
+    let archive = tmp.path().join("ds.tar");
+    run(Command::new("tar")
+        .arg("-C")
+        .arg(tmp.path())
+        .arg("-cf")
+        .arg(&archive)
+        .arg("ds"));
+    let untarred = tmp.path().join("untarred");
+    fs::create_dir(&untarred).unwrap();
+    run(Command::new("tar")
+        .arg("-C")
+        .arg(&untarred)
+        .arg("-xf")
+        .arg(&archive));
+    let mtime = |p: &Path| shufflefs::dataset::mtime_ns(&fs::metadata(p).unwrap());
+    assert_ne!(
+        mtime(&untarred.join("ds/data/part0.bin")),
+        mtime(&ds.join("data/part0.bin")),
+        "tar rounds mtimes to seconds: the mount samples the content instead"
+    );
+    check(&untarred.join("ds"), "tar");
+    if Command::new("rsync").arg("--version").output().is_ok() {
+        let synced = tmp.path().join("rsync-a");
+        run(Command::new("rsync")
+            .arg("-a")
+            .arg(format!("{}/", ds.display()))
+            .arg(&synced));
+        check(&synced, "rsync -a");
+    } else {
+        eprintln!("skipped the rsync -a case: rsync is not installed");
+    }
+    let moved = tmp.path().join("moved");
+    fs::rename(&ds, &moved).unwrap();
+    assert_eq!(fingerprint(&moved).as_deref(), Ok(want.as_str()), "mv");
+    assert!(mounted_steps(&moved, 20) == reference, "mv: other bytes");
+}
+
+#[test]
+fn in_place_content_changes_are_refused_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = tmp.path().join("ds");
+    // Equal sizes and equal mtimes: only the content tells the files apart.
+    for k in 0..2 {
+        token_file(&ds.join(format!("part{k}.bin")), 40_000, 0);
+        let f = fs::File::options()
+            .write(true)
+            .open(ds.join(format!("part{k}.bin")))
+            .unwrap();
+        std::os::unix::fs::FileExt::write_at(&f, &[k as u8 + 1], 0).unwrap();
+        f.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000))
+            .unwrap();
+    }
+    let out = shufflefs(&[
+        "pack",
+        s(&ds),
+        s(&ds.join("part0.bin")),
+        s(&ds.join("part1.bin")),
+        "--dtype",
+        "u16",
+        "--in-place",
+        "--no-progress",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let want = fingerprint(&ds).unwrap();
+    let manifest = ds.join("manifest.json");
+    let pristine = fs::read_to_string(&manifest).unwrap();
+    let refused = |what: &str, file: &str| {
+        let err = fingerprint(&ds).expect_err(what);
+        assert!(
+            err.contains(&format!(
+                "{}: this file is referenced in place",
+                ds.join(file).display()
+            )) && err.contains("content is not what `pack --in-place` referenced"),
+            "{what}: {err}"
+        );
+    };
+    // The two paths swapped in the manifest (sizes and mtimes still match).
+    let swapped = pristine
+        .replace("part0.bin", "PART")
+        .replace("part1.bin", "part0.bin")
+        .replace("PART", "part1.bin");
+    fs::write(&manifest, swapped).unwrap();
+    refused("swapped paths", "part1.bin");
+    fs::write(&manifest, &pristine).unwrap();
+    assert_eq!(fingerprint(&ds).as_deref(), Ok(want.as_str()));
+    // A byte of a sampled page rewritten (same size, new mtime).
+    let f = fs::File::options()
+        .write(true)
+        .open(ds.join("part1.bin"))
+        .unwrap();
+    std::os::unix::fs::FileExt::write_at(&f, &[0xEE], 40_000 * 2 - 1).unwrap();
+    drop(f);
+    refused("a rewritten byte", "part1.bin");
+}
+
+#[test]
+fn version_3_in_place_datasets_still_mount_and_verify_upgrades_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = tmp.path().join("ds");
+    let part = ds.join("data/part0.bin");
+    token_file(&part, 50_000, 0);
+    let out = shufflefs(&[
+        "pack",
+        s(&ds),
+        s(&part),
+        "--dtype",
+        "u16",
+        "--in-place",
+        "--no-progress",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let manifest = ds.join("manifest.json");
+    let v4: serde_json::Value = serde_json::from_slice(&fs::read(&manifest).unwrap()).unwrap();
+    // The same dataset as a version 3 pack wrote it: absolute path, identity of path, size
+    // and mtime.
+    let mut v3 = v4.clone();
+    v3["version"] = 3.into();
+    let shard = v3["shards"][0].as_object_mut().unwrap();
+    shard.remove("in_place_guard");
+    let (bytes, mtime) = (
+        shard["bytes"].as_u64().unwrap(),
+        shard["in_place_mtime_ns"].as_u64().unwrap(),
+    );
+    let abs = s(&part.canonicalize().unwrap()).to_string();
+    shard.insert(
+        "hash".into(),
+        shufflefs::format::in_place_hash(&abs, bytes, mtime).into(),
+    );
+    shard.insert("path".into(), abs.into());
+    let mut m: shufflefs::format::Manifest = serde_json::from_value(v3).unwrap();
+    m.content_hash = m.expected_content_hash();
+    fs::write(&manifest, m.to_bytes()).unwrap();
+    let v3_fingerprint = fingerprint(&ds).unwrap();
+    let out = shufflefs(&["verify", s(&ds), "--write-checksums"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let upgraded: serde_json::Value =
+        serde_json::from_slice(&fs::read(&manifest).unwrap()).unwrap();
+    assert_eq!(upgraded["version"], shufflefs::format::VERSION);
+    let shard = &upgraded["shards"][0];
+    assert_eq!(shard["path"], "data/part0.bin");
+    assert_eq!(
+        shard["hash"], v4["shards"][0]["hash"],
+        "the content identity"
+    );
+    assert!(shard["checksums"].is_object());
+    let fp = fingerprint(&ds).unwrap();
+    assert_ne!(fp, v3_fingerprint);
+    // A same-size change with the mtime put back is trusted at mount (the guard vouches for
+    // an unmodified file), but `verify` (and --verify-reads) check every block.
+    let f = fs::File::options().write(true).open(&part).unwrap();
+    std::os::unix::fs::FileExt::write_at(&f, &[0xEE], 5_000).unwrap();
+    f.set_modified(std::time::UNIX_EPOCH + Duration::from_nanos(mtime))
+        .unwrap();
+    drop(f);
+    assert_eq!(fingerprint(&ds).as_deref(), Ok(fp.as_str()));
+    let out = shufflefs(&["verify", s(&ds)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1 of 2 blocks fail their checksum"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
