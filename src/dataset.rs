@@ -12,6 +12,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::access::{OpenError, Opener, Policy};
 use crate::dtype::RecordType;
 use crate::error::{Error, Result};
 use crate::fdpool::{DEFAULT_MAX_OPEN, FdPool, PinnedFile};
@@ -481,17 +482,77 @@ fn shard_open_error(path: &Path, e: &io::Error) -> Error {
     Error::dataset(path, message)
 }
 
-/// Opens a file the manifest lists (`what`: "shard", "document file") and checks that it is a
-/// regular file. `O_NOFOLLOW`: it must be the file in the dataset directory, not a symbolic
-/// link that could expose another file through the mount. `O_NONBLOCK`: opening a FIFO must
-/// not wait for a writer (it would hang the mount); the flag is cleared again once the file is
-/// known to be regular.
-fn open_listed(path: &Path, what: &str) -> Result<(File, std::fs::Metadata)> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
+/// The message for a listed file an [`Opener`] could not open.
+pub fn listed_open_error(path: &Path, e: OpenError) -> Error {
+    match e {
+        OpenError::Io(e) => shard_open_error(path, &e),
+        OpenError::Denied { who, source } => Error::dataset(
+            path,
+            format!(
+                "{who}, cannot read this file ({source}): a mount never serves bytes the \
+                 dataset's owner could not read; make the file readable by them, or pack and \
+                 mount the dataset as the file's owner (docs/OPERATIONS.md, \"Who may name \
+                 which files\")"
+            ),
+        ),
+        OpenError::NotShared { who } => Error::dataset(
+            path,
+            format!(
+                "not every user may read this file, and others can choose what this dataset \
+                 names ({who}): a mount with --allow-other by a user other than root serves \
+                 only files every user may read; make it readable by all (o+r, and o+x on its \
+                 directories), mount without --allow-other, or mount as root, which opens \
+                 each file with the dataset owner's permissions (docs/OPERATIONS.md, \"Who \
+                 may name which files\")"
+            ),
+        ),
+    }
+}
+
+/// The pseudo filesystem `file` is on, if any: kernel interfaces, never dataset storage.
+fn pseudo_filesystem(file: &File) -> Option<&'static str> {
+    use nix::sys::statfs::*;
+    let kind = fstatfs(file).ok()?.filesystem_type();
+    [
+        (PROC_SUPER_MAGIC, "proc"),
+        (SYSFS_MAGIC, "sysfs"),
+        (DEBUGFS_MAGIC, "debugfs"),
+        (TRACEFS_MAGIC, "tracefs"),
+        (SECURITYFS_MAGIC, "securityfs"),
+        (SELINUX_MAGIC, "selinuxfs"),
+        (SMACK_MAGIC, "smackfs"),
+        (CGROUP_SUPER_MAGIC, "cgroup"),
+        (CGROUP2_SUPER_MAGIC, "cgroup2"),
+        (BPF_FS_MAGIC, "bpf"),
+        (RDTGROUP_SUPER_MAGIC, "resctrl"),
+        (NSFS_MAGIC, "nsfs"),
+        (DEVPTS_SUPER_MAGIC, "devpts"),
+        (XENFS_SUPER_MAGIC, "xenfs"),
+        (OPENPROM_SUPER_MAGIC, "openpromfs"),
+        (USBDEVICE_SUPER_MAGIC, "usbdevfs"),
+    ]
+    .into_iter()
+    .find(|(magic, _)| *magic == kind)
+    .map(|(_, name)| name)
+}
+
+/// Opens a file the manifest lists (`what`: "shard", "document file") as its principals
+/// (`access.rs`: a mount never serves bytes the dataset's owner could not read) and checks
+/// that it is a regular file of a real filesystem. `O_NOFOLLOW`: it must be the file in the
+/// dataset directory, not a symbolic link that could expose another file through the mount.
+/// `O_NONBLOCK`: opening a FIFO must not wait for a writer (it would hang the mount); the flag
+/// is cleared again once the file is known to be regular. Returns the opener, which reopens
+/// the file the same way.
+fn open_listed(
+    path: &Path,
+    what: &str,
+    policy: &std::cell::RefCell<Policy>,
+) -> Result<(File, std::fs::Metadata, Arc<Opener>)> {
+    let opener = policy
+        .borrow_mut()
+        .opener(path)
         .map_err(|e| shard_open_error(path, &e))?;
+    let file = opener.open(path).map_err(|e| listed_open_error(path, e))?;
     let meta = file.metadata().map_err(|e| Error::io(path, e))?;
     if !meta.is_file() {
         return Err(Error::dataset(
@@ -502,12 +563,22 @@ fn open_listed(path: &Path, what: &str) -> Result<(File, std::fs::Metadata)> {
             ),
         ));
     }
+    if let Some(fs) = pseudo_filesystem(&file) {
+        return Err(Error::dataset(
+            path,
+            format!(
+                "this file is on a {fs} filesystem, a kernel interface and not dataset \
+                 storage: a manifest may only name files of real filesystems; restore the \
+                 manifest or re-run `shufflefs pack`"
+            ),
+        ));
+    }
     nix::fcntl::fcntl(
         &file,
         nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::empty()),
     )
     .map_err(|e| Error::io(path, e.into()))?;
-    Ok((file, meta))
+    Ok((file, meta, opener))
 }
 
 /// The largest `manifest.json` read: about 5 million shards. A larger file is not a manifest
@@ -598,9 +669,19 @@ impl Dataset {
     /// files (shards, checksum and document files) reads them through an [`FdPool`]: each file
     /// is reopened on demand and must still be the file validated here (`fdpool.rs`).
     pub fn open_bounded(dir: &Path, max_open: usize) -> Result<Dataset> {
+        Dataset::open_with(dir, max_open, false)
+    }
+
+    /// [`Dataset::open_bounded`] for a mount that other users may read (`allow_other`): a
+    /// non-root daemon then serves only files every user may read when others can choose what
+    /// the dataset names (`access.rs`).
+    pub fn open_with(dir: &Path, max_open: usize, allow_other: bool) -> Result<Dataset> {
         let dir = &dir.canonicalize().map_err(|e| Error::io(dir, e))?;
         let manifest_path = dir.join(MANIFEST);
-        let (manifest, _) = read_manifest(dir)?;
+        let (manifest, manifest_meta) = read_manifest(dir)?;
+        let policy =
+            Policy::new(dir, &manifest_meta, allow_other).map_err(|e| Error::io(dir, e))?;
+        let policy = std::cell::RefCell::new(policy);
         let files: usize = manifest
             .shards
             .iter()
@@ -620,26 +701,40 @@ impl Dataset {
             );
             FdPool::new(max_open)
         });
-        let source = |path: &Path, file: File, meta: &std::fs::Metadata| -> Arc<dyn ReadAt> {
+        let source = |path: &Path,
+                      file: File,
+                      meta: &std::fs::Metadata,
+                      opener: Arc<Opener>|
+         -> Arc<dyn ReadAt> {
             match &pool {
-                Some(pool) => Arc::new(PinnedFile::new(pool, path.to_path_buf(), file, meta)),
+                Some(pool) => Arc::new(PinnedFile::new(
+                    pool,
+                    path.to_path_buf(),
+                    file,
+                    meta,
+                    opener,
+                )),
                 None => Arc::new(file),
             }
         };
         // Shards are read at random: advised at open, and again at every reopen by the pool.
-        let shard_source = |path: &Path, file: File, meta: &std::fs::Metadata| -> Arc<dyn ReadAt> {
+        let shard_source = |path: &Path,
+                            file: File,
+                            meta: &std::fs::Metadata,
+                            opener: Arc<Opener>|
+         -> Arc<dyn ReadAt> {
             crate::fdpool::advise_random(&file);
             match &pool {
-                Some(pool) => {
-                    Arc::new(PinnedFile::new(pool, path.to_path_buf(), file, meta).random_access())
-                }
+                Some(pool) => Arc::new(
+                    PinnedFile::new(pool, path.to_path_buf(), file, meta, opener).random_access(),
+                ),
                 None => Arc::new(file),
             }
         };
         let mut shards = Vec::with_capacity(manifest.shards.len());
         for entry in &manifest.shards {
             let path = dir.join(&entry.path);
-            let (file, meta) = open_listed(&path, "shard")?;
+            let (file, meta, opener) = open_listed(&path, "shard", &policy)?;
             if let Some(want) = entry.in_place_mtime_ns
                 && manifest.version < 4
                 && mtime_ns(&meta) != want
@@ -667,14 +762,14 @@ impl Dataset {
                     ),
                 ));
             }
-            let shard_source = shard_source(&path, file, &meta);
+            let shard_source = shard_source(&path, file, &meta, opener);
             let mut shard = Shard::new(path, entry.bytes, shard_source).with_offset(entry.offset);
             if manifest.version >= 4 {
                 shard.check_in_place(entry, mtime_ns(&meta))?;
             }
             let open = |name: &str, want: Option<u64>| -> Result<Shard> {
                 let path = dir.join(name);
-                let (file, meta) = open_listed(&path, "document file")?;
+                let (file, meta, opener) = open_listed(&path, "document file", &policy)?;
                 let len = meta.len();
                 match want {
                     Some(want) if len != want => Err(Error::dataset(
@@ -684,7 +779,11 @@ impl Dataset {
                              modified after packing; re-run `shufflefs pack`"
                         ),
                     )),
-                    _ => Ok(Shard::new(path.clone(), len, source(&path, file, &meta))),
+                    _ => Ok(Shard::new(
+                        path.clone(),
+                        len,
+                        source(&path, file, &meta, opener),
+                    )),
                 }
             };
             let hash = |h: &str| format::parse_hash(h).expect("validated at parse");

@@ -3,24 +3,27 @@
 //!
 //! A dataset with more files than `--max-open-shards` does not keep them all open: each file
 //! is a [`PinnedFile`] whose descriptor lives in a node-wide LRU ([`FdPool`]). A read of a file
-//! whose descriptor was closed reopens it (`O_NOFOLLOW`) and checks that it is still the file
-//! validated at mount: same device, inode, size and modification time. A file deleted since
-//! fails with its open error (`ENOENT`, served as `EIO`); one replaced (renamed over, rewritten
-//! with another size or mtime) fails with `ESTALE`. Either way no byte of another file is ever
-//! served. A dataset that fits the bound keeps every descriptor open for the life of the mount,
-//! with no lock on the read path (`dataset.rs` decides). A reopened shard gets the same
-//! `POSIX_FADV_RANDOM` advice as at mount (the advice belongs to the open file, not the inode).
+//! whose descriptor was closed reopens it (`O_NOFOLLOW`, as the principals it was opened as at
+//! mount, `access.rs`: a file the dataset's owner may no longer read is EACCES) and checks
+//! that it is still the file validated at mount: same device, inode, size and modification
+//! time. A file deleted since fails with its open error (`ENOENT`, served as `EIO`); one
+//! replaced (renamed over, rewritten with another size or mtime) fails with `ESTALE`. Either
+//! way no byte of another file is ever served. A dataset that fits the bound keeps every
+//! descriptor open for the life of the mount, with no lock on the read path (`dataset.rs`
+//! decides). A reopened shard gets the same `POSIX_FADV_RANDOM` advice as at mount (the advice
+//! belongs to the open file, not the inode).
 
 use std::fs::{File, Metadata};
 use std::io;
 use std::num::NonZeroUsize;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 
+use crate::access::{OpenError, Opener};
 use crate::dataset::ReadAt;
 
 /// Open descriptors kept by default (`--max-open-shards`): shards, checksum and document files
@@ -99,6 +102,8 @@ pub struct PinnedFile {
     identity: Identity,
     /// Reads are random: advise `POSIX_FADV_RANDOM` on every open (shards).
     random: bool,
+    /// Reopens the file as it was opened at mount (`access.rs`: as the dataset's owners).
+    opener: Arc<Opener>,
 }
 
 /// Tells the kernel not to read ahead around reads of `file` (shard reads are random).
@@ -113,8 +118,15 @@ pub fn advise_random(file: &File) {
 }
 
 impl PinnedFile {
-    /// Pins `file` (just opened and validated at `path`) and hands its descriptor to `pool`.
-    pub fn new(pool: &Arc<FdPool>, path: PathBuf, file: File, meta: &Metadata) -> PinnedFile {
+    /// Pins `file` (just opened by `opener` and validated at `path`) and hands its descriptor
+    /// to `pool`.
+    pub fn new(
+        pool: &Arc<FdPool>,
+        path: PathBuf,
+        file: File,
+        meta: &Metadata,
+        opener: Arc<Opener>,
+    ) -> PinnedFile {
         let id = pool.next_id.fetch_add(1, Ordering::Relaxed);
         pool.lock().put(id, Arc::new(file));
         PinnedFile {
@@ -123,6 +135,7 @@ impl PinnedFile {
             path,
             identity: Identity::of(meta),
             random: false,
+            opener,
         }
     }
 
@@ -136,10 +149,18 @@ impl PinnedFile {
         if let Some(f) = self.pool.lock().get(&self.id) {
             return Ok(f.clone());
         }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&self.path)?;
+        let file = self.opener.open(&self.path).map_err(|e| match e {
+            OpenError::Io(e) => e,
+            denied => {
+                crate::log_limited!(
+                    log::Level::Error,
+                    format_args!("reopen EACCES {}", self.path.display()),
+                    "{}",
+                    crate::dataset::listed_open_error(&self.path, denied)
+                );
+                io::Error::from_raw_os_error(libc::EACCES)
+            }
+        })?;
         let meta = file.metadata()?;
         if !meta.is_file() || Identity::of(&meta) != self.identity {
             crate::log_limited!(
@@ -182,7 +203,7 @@ mod tests {
     fn pinned(pool: &Arc<FdPool>, path: &std::path::Path) -> PinnedFile {
         let f = File::open(path).unwrap();
         let meta = f.metadata().unwrap();
-        PinnedFile::new(pool, path.to_path_buf(), f, &meta)
+        PinnedFile::new(pool, path.to_path_buf(), f, &meta, Opener::unchecked())
     }
 
     #[test]

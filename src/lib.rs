@@ -15,6 +15,7 @@
 //! | [`window`] | which tokens make observation i? | no |
 //! | [`npy`] | the `.npy` header, byte for byte as numpy writes it | no |
 //! | [`dataset`] | read bytes `[a, b)` of the token stream from the shards | no |
+//! | [`access`] | as whom are the files a manifest names opened? | no |
 //! | [`format`] | what is in `manifest.json`, is it consistent? | no |
 //! | [`dtype`] | record types and their numpy names | no |
 //! | [`pack`] | write shards and manifest from input files | no |
@@ -22,6 +23,7 @@
 //! | [`mount`] | mount, unmount, stale mounts | via fuser's session |
 //! | [`cmd`], [`cli`], [`logging`] | the `shufflefs` command line | no |
 
+pub mod access;
 pub mod cache;
 pub mod checksum;
 pub mod cli;

@@ -6,7 +6,7 @@
 
 use std::fs;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -487,4 +487,327 @@ fn version_3_in_place_datasets_still_mount_and_verify_upgrades_them() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// A mount never serves bytes the dataset's owner could not read (a real second user).
+
+const USER: &str = "shufflefs-test";
+
+/// The second user's (uid, gid), created if missing (idempotent). `None`, with a message,
+/// when the tests do not run as root (only root creates users and mounts as root), unless
+/// `SHUFFLEFS_REQUIRE_FUSE=1` asks for every test to run.
+fn second_user() -> Option<(u32, u32)> {
+    static CREATED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    if !nix::unistd::geteuid().is_root() {
+        assert!(
+            std::env::var_os("SHUFFLEFS_REQUIRE_FUSE").is_none_or(|v| v != "1"),
+            "SHUFFLEFS_REQUIRE_FUSE=1 but the owner rule needs root (to create a second user)"
+        );
+        eprintln!("skipped: the owner rule is tested with a second user, which needs root");
+        return None;
+    }
+    let _one_at_a_time = CREATED.lock().unwrap_or_else(|p| p.into_inner());
+    if nix::unistd::User::from_name(USER).unwrap().is_none() {
+        let out = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                USER,
+            ])
+            .output()
+            .unwrap();
+        // 9: the user exists (created by another test binary meanwhile).
+        assert!(
+            out.status.success() || out.status.code() == Some(9),
+            "useradd {USER}: {}",
+            stderr(&out)
+        );
+    }
+    let user = nix::unistd::User::from_name(USER).unwrap().unwrap();
+    Some((user.uid.as_raw(), user.gid.as_raw()))
+}
+
+fn chown(path: &Path, uid: u32, gid: u32) {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
+}
+
+fn chmod(path: &Path, mode: u32) {
+    fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+}
+
+/// A manifest as an unprivileged user can write it for today's readers: version 3, u8
+/// records, every file in place by absolute path, each identity hash recomputed (path, size
+/// and mtime, which `stat` tells anyone).
+fn in_place_manifest(files: &[PathBuf]) -> Vec<u8> {
+    let shards: Vec<serde_json::Value> = files
+        .iter()
+        .map(|p| {
+            let meta = fs::metadata(p).unwrap();
+            let mtime = shufflefs::dataset::mtime_ns(&meta);
+            serde_json::json!({
+                "path": s(p),
+                "records": meta.len(),
+                "bytes": meta.len(),
+                "hash": shufflefs::format::in_place_hash(s(p), meta.len(), mtime),
+                "in_place_mtime_ns": mtime,
+            })
+        })
+        .collect();
+    let records: u64 = files.iter().map(|p| fs::metadata(p).unwrap().len()).sum();
+    let mut m: shufflefs::format::Manifest = serde_json::from_value(serde_json::json!({
+        "format": "shufflefs-dataset",
+        "version": 3,
+        "dtype": "|u1",
+        "itemsize": 1,
+        "records": records,
+        "shards": shards,
+        "content_hash": "",
+        "created_by": "an unprivileged user",
+    }))
+    .unwrap();
+    m.content_hash = m.expected_content_hash();
+    m.to_bytes()
+}
+
+/// `shufflefs mount DS MNT --window 1 --batch-size 1 --allow-other` (as root).
+fn mount_allow_other(ds: &Path, mnt: &Path, extra: &[&str]) -> Output {
+    let args = [
+        &[
+            "mount",
+            s(ds),
+            s(mnt),
+            "--window",
+            "1",
+            "--batch-size",
+            "1",
+            "--allow-other",
+        ][..],
+        extra,
+    ]
+    .concat();
+    shufflefs_watched(&args)
+}
+
+#[test]
+fn a_users_manifest_cannot_make_roots_mount_serve_files_the_user_cannot_read() {
+    let Some((uid, gid)) = second_user() else {
+        return;
+    };
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path().canonicalize().unwrap();
+    chmod(&base, 0o755);
+    // Root's files: a 0600 file, and a readable file in a 0700 directory.
+    let secret = base.join("secret.bin");
+    fs::write(&secret, b"root's secret bytes").unwrap();
+    chmod(&secret, 0o600);
+    let private = base.join("private");
+    fs::create_dir(&private).unwrap();
+    chmod(&private, 0o700);
+    let hidden = private.join("open.bin");
+    fs::write(&hidden, b"readable, in a private directory").unwrap();
+    chmod(&hidden, 0o644);
+    // The user's dataset directory, with a token file of their own, a hard link to root's
+    // secret (protected_hardlinks stops the user making it, not root: as if it were off) and
+    // a symbolic link to /etc as a directory on the way to a file.
+    let ds = base.join("ds");
+    fs::create_dir(&ds).unwrap();
+    let own = ds.join("own.bin");
+    fs::write(&own, b"the user's own tokens").unwrap();
+    fs::hard_link(&secret, ds.join("link.bin")).unwrap();
+    std::os::unix::fs::symlink("/etc", ds.join("etc")).unwrap();
+    for p in [&ds, &own] {
+        chown(p, uid, gid);
+    }
+    let mut targets = vec![secret.clone(), hidden, ds.join("link.bin")];
+    if Path::new("/etc/shadow").exists() {
+        targets.extend([PathBuf::from("/etc/shadow"), ds.join("etc/shadow")]);
+    }
+    let manifest = ds.join("manifest.json");
+    let mnt = MountDir::new();
+    for target in &targets {
+        fs::write(&manifest, in_place_manifest(&[own.clone(), target.clone()])).unwrap();
+        chown(&manifest, uid, gid);
+        let out = mount_allow_other(&ds, mnt.path(), &[]);
+        let err = stderr(&out);
+        let mounted = is_mounted(mnt.path());
+        if mounted {
+            let leaked = fs::read(mnt.path().join("observation/21.npy"));
+            let _ = shufflefs(&["unmount", s(mnt.path())]);
+            panic!(
+                "{}: mounted, observation 21 is {leaked:?}",
+                target.display()
+            );
+        }
+        assert_eq!(out.status.code(), Some(1), "{}: {err}", target.display());
+        assert!(
+            err.contains(&format!(
+                "{}: user {USER} (uid {uid}), owner of",
+                target.display()
+            )) && err.contains(
+                "cannot read this file (Permission denied (os error 13)): a mount never \
+                 serves bytes the dataset's owner could not read"
+            ),
+            "{}: {err}",
+            target.display()
+        );
+    }
+    // The user's dataset naming only their own file mounts and serves it.
+    fs::write(&manifest, in_place_manifest(std::slice::from_ref(&own))).unwrap();
+    chown(&manifest, uid, gid);
+    let out = mount_allow_other(&ds, mnt.path(), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let row = fs::read(mnt.path().join("observation/4.npy")).unwrap();
+    assert_eq!(row.last(), Some(&b"the user's own tokens"[4]));
+    assert!(shufflefs(&["unmount", s(mnt.path())]).status.success());
+    // The same dataset owned by root names what root chooses.
+    fs::write(&manifest, in_place_manifest(&[own.clone(), secret.clone()])).unwrap();
+    for p in [&ds, &own, &manifest] {
+        chown(p, 0, 0);
+    }
+    let out = mount_allow_other(&ds, mnt.path(), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let row = fs::read(mnt.path().join("observation/21.npy")).unwrap();
+    assert_eq!(row.last(), Some(&b'r'), "the first byte of root's file");
+    assert!(shufflefs(&["unmount", s(mnt.path())]).status.success());
+}
+
+#[test]
+fn pseudo_filesystems_are_refused_whoever_owns_the_dataset() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = tmp.path().join("ds");
+    fs::create_dir(&ds).unwrap();
+    let own = ds.join("own.bin");
+    fs::write(&own, b"tokens").unwrap();
+    // /proc/self/status is a regular file of size 0, so the attack needs a size: forge one.
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&in_place_manifest(std::slice::from_ref(&own))).unwrap();
+    let status = serde_json::json!({
+        "path": "/proc/self/status",
+        "records": 100,
+        "bytes": 100,
+        "hash": shufflefs::format::in_place_hash("/proc/self/status", 100, 0),
+        "in_place_mtime_ns": 0,
+    });
+    m["shards"].as_array_mut().unwrap().push(status);
+    m["records"] = 106.into();
+    let mut m: shufflefs::format::Manifest = serde_json::from_value(m).unwrap();
+    m.content_hash = m.expected_content_hash();
+    fs::write(ds.join("manifest.json"), m.to_bytes()).unwrap();
+    let out = shufflefs_watched(&["inspect", s(&ds)]);
+    assert!(
+        stderr(&out).contains(
+            "/proc/self/status: this file is on a proc filesystem, a kernel interface and not \
+             dataset storage"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn files_reopened_through_the_descriptor_pool_keep_the_owner_rule() {
+    let Some((uid, gid)) = second_user() else {
+        return;
+    };
+    if !fuse_available() {
+        return;
+    }
+    // The user's dataset: 4 shards of 1,024 u32 tokens (the files root packed, given to them).
+    let data = Positional::new(4000, 4096);
+    chmod(data.dir.path(), 0o755);
+    let ds = data.path();
+    for entry in fs::read_dir(&ds).unwrap() {
+        chown(&entry.unwrap().path(), uid, gid);
+    }
+    chown(&ds, uid, gid);
+    let mnt = MountDir::new();
+    let out = mount_allow_other(&ds, mnt.path(), &["--max-open-shards", "1"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let token = |i: u32| {
+        fs::read(mnt.path().join(format!("observation/{i}.npy")))
+            .map(|b| u32::from_le_bytes(b[b.len() - 4..].try_into().unwrap()))
+    };
+    for i in [10, 1100, 2100, 3100, 10] {
+        assert_eq!(token(i).unwrap(), i, "observation {i}");
+    }
+    // Root takes shard 2 away from the user (its mtime, size and inode stay): once its
+    // descriptor was closed, the pool reopens it as the user and is refused.
+    let shard = shard_paths(&ds)[2].clone();
+    chown(&shard, 0, 0);
+    chmod(&shard, 0o600);
+    assert_eq!(token(10).unwrap(), 10, "closes shard 2's descriptor");
+    let err = token(2100).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EACCES), "{err}");
+    assert_eq!(token(3100).unwrap(), 3100);
+    assert!(shufflefs(&["unmount", s(mnt.path())]).status.success());
+}
+
+#[test]
+fn a_non_root_allow_other_mount_serves_only_files_everyone_may_read() {
+    let Some((uid, gid)) = second_user() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path().canonicalize().unwrap();
+    chmod(&base, 0o755);
+    // A file only the second user may read, named by a dataset of another user (nobody).
+    let mine = base.join("mine.bin");
+    fs::write(&mine, b"the daemon user's private bytes").unwrap();
+    chown(&mine, uid, gid);
+    chmod(&mine, 0o600);
+    let ds = base.join("ds");
+    fs::create_dir(&ds).unwrap();
+    fs::write(
+        ds.join("manifest.json"),
+        in_place_manifest(std::slice::from_ref(&mine)),
+    )
+    .unwrap();
+    for p in [&ds, &ds.join("manifest.json")] {
+        chown(p, 65534, 65534);
+    }
+    let mnt = tempfile::tempdir().unwrap();
+    chown(mnt.path(), uid, gid);
+    let as_user = |allow_other: bool| {
+        let mut cmd = Command::new(BIN);
+        cmd.args([
+            "mount",
+            s(&ds),
+            s(mnt.path()),
+            "--window",
+            "1",
+            "--batch-size",
+            "1",
+        ])
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .uid(uid)
+        .gid(gid);
+        if allow_other {
+            cmd.arg("--allow-other");
+        }
+        let out = cmd.output().unwrap();
+        if is_mounted(mnt.path()) {
+            let _ = shufflefs::mount::detach(mnt.path());
+        }
+        stderr(&out)
+    };
+    let err = as_user(true);
+    assert!(
+        err.contains(&format!(
+            "{}: not every user may read this file",
+            mine.display()
+        )) && err.contains("user nobody (uid 65534), owner of"),
+        "{err}"
+    );
+    // Without --allow-other only the daemon's user reads the mount: no such check (whatever
+    // else stops an unprivileged mount here).
+    assert!(!as_user(false).contains("not every user may read"));
+    chmod(&mine, 0o644);
+    assert!(!as_user(true).contains("not every user may read"));
 }
