@@ -572,6 +572,9 @@ fn metadata_of_a_window_costs_three_reads_per_shard_touched() {
     };
     // order of `counts`: bin, docs, docsums, ids, idx, meta, sums (the shard checksums, never
     // read without --verify-reads). Each document-file read also reads its block checksums.
+    // The first read of a shard's document files also checks its whole checksum file against
+    // the manifest, once: a pass over the stream does that for every shard first.
+    dataset.spans(0, dataset.n_records()).unwrap();
     for (first, len, shards) in [
         (10u64, 200u64, 1u64),
         (200, 100, 2),
