@@ -1207,6 +1207,8 @@ mod tests {
                 records: 4,
                 bytes: 16,
                 hash: format_hash(k as u64),
+                offset: 0,
+                source_format: None,
                 docs: None,
                 in_place_mtime_ns: None,
                 in_place_guard: None,
@@ -1271,7 +1273,7 @@ mod tests {
         for (k, s) in m.shards.iter_mut().enumerate() {
             s.path = format!("/data/part{k}.bin");
             s.in_place_mtime_ns = Some(5);
-            s.hash = in_place_hash(&s.path, s.bytes, 5);
+            s.in_place_guard = Some(in_place_guard(&s.path, s.bytes, 5, &s.hash));
         }
         m.content_hash = m.expected_content_hash();
         let plain = m.content_hash.clone();

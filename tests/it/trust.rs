@@ -492,42 +492,16 @@ fn version_3_in_place_datasets_still_mount_and_verify_upgrades_them() {
 // ---------------------------------------------------------------------------------------------
 // A mount never serves bytes the dataset's owner could not read (a real second user).
 
-const USER: &str = "shufflefs-test";
-
-/// The second user's (uid, gid), created if missing (idempotent). `None`, with a message,
-/// when the tests do not run as root (only root creates users and mounts as root), unless
-/// `SHUFFLEFS_REQUIRE_FUSE=1` asks for every test to run.
+/// The second user's (uid, gid) (`common::other_user`, created if missing). `None`, with a
+/// message, when the tests do not run as root (only root creates users and mounts as root),
+/// unless `SHUFFLEFS_REQUIRE_FUSE=1` asks for every test to run.
 fn second_user() -> Option<(u32, u32)> {
-    static CREATED: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    if !nix::unistd::geteuid().is_root() {
-        assert!(
-            std::env::var_os("SHUFFLEFS_REQUIRE_FUSE").is_none_or(|v| v != "1"),
-            "SHUFFLEFS_REQUIRE_FUSE=1 but the owner rule needs root (to create a second user)"
-        );
-        eprintln!("skipped: the owner rule is tested with a second user, which needs root");
-        return None;
-    }
-    let _one_at_a_time = CREATED.lock().unwrap_or_else(|p| p.into_inner());
-    if nix::unistd::User::from_name(USER).unwrap().is_none() {
-        let out = Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                USER,
-            ])
-            .output()
-            .unwrap();
-        // 9: the user exists (created by another test binary meanwhile).
-        assert!(
-            out.status.success() || out.status.code() == Some(9),
-            "useradd {USER}: {}",
-            stderr(&out)
-        );
-    }
-    let user = nix::unistd::User::from_name(USER).unwrap().unwrap();
-    Some((user.uid.as_raw(), user.gid.as_raw()))
+    assert!(
+        nix::unistd::geteuid().is_root()
+            || std::env::var_os("SHUFFLEFS_REQUIRE_FUSE").is_none_or(|v| v != "1"),
+        "SHUFFLEFS_REQUIRE_FUSE=1 but the owner rule needs root (to create a second user)"
+    );
+    other_user().map(|(_, uid, gid)| (uid, gid))
 }
 
 fn chown(path: &Path, uid: u32, gid: u32) {
@@ -647,7 +621,7 @@ fn a_users_manifest_cannot_make_roots_mount_serve_files_the_user_cannot_read() {
         assert_eq!(out.status.code(), Some(1), "{}: {err}", target.display());
         assert!(
             err.contains(&format!(
-                "{}: user {USER} (uid {uid}), owner of",
+                "{}: user shufflefs-test (uid {uid}), owner of",
                 target.display()
             )) && err.contains(
                 "cannot read this file (Permission denied (os error 13)): a mount never \
@@ -748,6 +722,51 @@ fn files_reopened_through_the_descriptor_pool_keep_the_owner_rule() {
     assert!(shufflefs(&["unmount", s(mnt.path())]).status.success());
 }
 
+/// Runs `shufflefs ARGS` as `uid:gid`. Where that user may not open `/dev/fuse` (mode 0600:
+/// `mount` checks it first), the command runs in a private mount namespace with a 0666 node of
+/// the same device bound over it (unshare and setpriv, util-linux), for this command only.
+fn shufflefs_as(uid: u32, gid: u32, args: &[&str]) -> Output {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let bin = BinFor::new();
+    let fuse = fs::metadata("/dev/fuse").unwrap();
+    if fuse.permissions().mode() & 0o006 == 0o006 {
+        return bin.run_as(uid, gid, args);
+    }
+    assert!(fuse.file_type().is_char_device());
+    let dir = tempfile::tempdir().unwrap();
+    let node = dir.path().join("fuse");
+    nix::sys::stat::mknod(
+        &node,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        std::os::unix::fs::MetadataExt::rdev(&fuse),
+    )
+    .unwrap();
+    chmod(&node, 0o666);
+    let script = r#"node="$1" u="$2" g="$3"; shift 3
+        mount --bind "$node" /dev/fuse && exec setpriv --reuid="$u" --regid="$g" --clear-groups -- "$@""#;
+    Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .arg(&node)
+        .args([&uid.to_string(), &gid.to_string()])
+        .arg(&bin.path)
+        .args(args)
+        .current_dir("/")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("unshare and setpriv (util-linux)")
+}
+
 #[test]
 fn a_non_root_allow_other_mount_serves_only_files_everyone_may_read() {
     let Some((uid, gid)) = second_user() else {
@@ -771,30 +790,26 @@ fn a_non_root_allow_other_mount_serves_only_files_everyone_may_read() {
     for p in [&ds, &ds.join("manifest.json")] {
         chown(p, 65534, 65534);
     }
+    // A mount point the user cannot use: whatever passes the dataset checks stops there, so
+    // nothing is ever mounted.
     let mnt = tempfile::tempdir().unwrap();
-    chown(mnt.path(), uid, gid);
+    let mnt = mnt.path().join("private");
+    fs::create_dir(&mnt).unwrap();
     let as_user = |allow_other: bool| {
-        let mut cmd = Command::new(BIN);
-        cmd.args([
+        let mut args = vec![
             "mount",
             s(&ds),
-            s(mnt.path()),
+            s(&mnt),
             "--window",
             "1",
             "--batch-size",
             "1",
-        ])
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .uid(uid)
-        .gid(gid);
+        ];
         if allow_other {
-            cmd.arg("--allow-other");
+            args.push("--allow-other");
         }
-        let out = cmd.output().unwrap();
-        if is_mounted(mnt.path()) {
-            let _ = shufflefs::mount::detach(mnt.path());
-        }
+        let out = shufflefs_as(uid, gid, &args);
+        assert!(!out.status.success());
         stderr(&out)
     };
     let err = as_user(true);
@@ -805,9 +820,16 @@ fn a_non_root_allow_other_mount_serves_only_files_everyone_may_read() {
         )) && err.contains("user nobody (uid 65534), owner of"),
         "{err}"
     );
-    // Without --allow-other only the daemon's user reads the mount: no such check (whatever
-    // else stops an unprivileged mount here).
-    assert!(!as_user(false).contains("not every user may read"));
+    // Without --allow-other only the daemon's user reads the mount: no such check.
+    let err = as_user(false);
+    assert!(
+        !err.contains("not every user may read") && err.contains(s(&mnt)),
+        "{err}"
+    );
     chmod(&mine, 0o644);
-    assert!(!as_user(true).contains("not every user may read"));
+    let err = as_user(true);
+    assert!(
+        !err.contains("not every user may read") && err.contains(s(&mnt)),
+        "{err}"
+    );
 }
