@@ -39,7 +39,7 @@ plan=(--window 2048 --batch-size 32 --ranks 2 --epochs 256 --seed 7)
 # find them in the cache, or be skipped by the prefetcher as recently read.
 next=0
 # A dataset packed by an older build (unreadable, or an older format version) is rebuilt.
-current() { "$bin" inspect "$1" --json 2>/dev/null | grep -q '"format_version": 3'; }
+current() { "$bin" inspect "$1" --json 2>/dev/null | grep -q '"format_version": 4'; }
 { [ -f "$work/tokens.bin" ] && current "$work/dataset"; } || rm -rf "$work"
 if [ ! -f "$work/dataset/manifest.json" ]; then
   mkdir -p "$work"
