@@ -95,8 +95,7 @@ pub fn run(command: MountArgs) -> Result<()> {
         open_descriptors(),
         reserved_descriptors(threads, args.prefetch_workers),
     )?;
-    let mut dataset =
-        crate::dataset::Dataset::open_with(&dataset_dir, max_open, args.allow_other)?;
+    let mut dataset = crate::dataset::Dataset::open_with(&dataset_dir, max_open, args.allow_other)?;
     if args.verify_reads {
         dataset = dataset.with_verified_reads()?;
         info!("--verify-reads: every shard read is checked against the block checksums");
