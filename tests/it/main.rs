@@ -11,6 +11,7 @@
 //! - `exhaustive`: whole epochs byte for byte against the shards, determinism across
 //!   threads, cache and read order, random read ranges, and name fuzzing (issue #5);
 //! - `faults`: a concurrent soak, SIGKILLed daemons and shards mutated under a live mount;
+//! - `golden`: the bytes the tree serves, pinned (tests/fixtures/golden.json);
 //! - `fds`: bounded open descriptors (`--max-open-shards`) and shards replaced under them;
 //! - `inputs`: pack inputs as the real tools write them (llm.c, numpy, parquet, archives...):
 //!   exact tokens or a refusal saying what the file is, the same for a copy and --in-place;
@@ -34,6 +35,7 @@ mod daemon;
 mod exhaustive;
 mod faults;
 mod fds;
+mod golden;
 mod inject;
 mod inputs;
 mod model;
