@@ -51,7 +51,7 @@ const MAX_LINKS: usize = 40;
 
 /// Someone whose read permission a listed file must pass.
 #[derive(Clone, Debug)]
-pub struct Principal {
+pub(crate) struct Principal {
     uid: u32,
     gid: u32,
     groups: Vec<u32>,
@@ -110,7 +110,7 @@ impl Principal {
     }
 
     /// Who this is and why it counts.
-    pub fn who(&self) -> &str {
+    pub(crate) fn who(&self) -> &str {
         &self.who
     }
 }
@@ -150,7 +150,7 @@ struct Walked {
 /// The rule for one dataset: computes the principals of each listed file (see the module
 /// docs). Used while the dataset is opened.
 #[derive(Debug)]
-pub struct Policy {
+pub(crate) struct Policy {
     mode: Mode,
     euid: u32,
     /// Principals of the dataset as a whole: the manifest and the dataset directory's path.
@@ -166,7 +166,11 @@ pub struct Policy {
 impl Policy {
     /// The rule for the dataset in `dir` (canonical), whose manifest has metadata `manifest`.
     /// `serve_to_others`: the mount will be readable by other users (`--allow-other`).
-    pub fn new(dir: &Path, manifest: &Metadata, serve_to_others: bool) -> io::Result<Policy> {
+    pub(crate) fn new(
+        dir: &Path,
+        manifest: &Metadata,
+        serve_to_others: bool,
+    ) -> io::Result<Policy> {
         let euid = nix::unistd::geteuid().as_raw();
         let mode = if euid == 0 {
             Mode::Impersonate
@@ -205,7 +209,7 @@ impl Policy {
     }
 
     /// The opener of the listed file at `path` (absolute).
-    pub fn opener(&mut self, path: &Path) -> io::Result<Arc<Opener>> {
+    pub(crate) fn opener(&mut self, path: &Path) -> io::Result<Arc<Opener>> {
         if self.mode == Mode::Unchecked {
             return Ok(Opener::unchecked());
         }
@@ -349,7 +353,7 @@ fn has_acl(path: &Path) -> bool {
 
 /// Why an [`Opener`] could not open a file.
 #[derive(Debug)]
-pub enum OpenError {
+pub(crate) enum OpenError {
     /// The open failed for everyone (missing file, a symbolic link, ...).
     Io(io::Error),
     /// A principal may not read the file.
@@ -368,7 +372,7 @@ pub enum OpenError {
 
 /// Opens one listed file (or the files of one directory) as its principals.
 #[derive(Debug)]
-pub struct Opener {
+pub(crate) struct Opener {
     mode: Mode,
     principals: Vec<Principal>,
     /// Every directory of the path is searchable by everyone.
@@ -378,7 +382,7 @@ pub struct Opener {
 impl Opener {
     /// Opens as the daemon, without checks (a non-root daemon serving only its own user;
     /// tests).
-    pub fn unchecked() -> Arc<Opener> {
+    pub(crate) fn unchecked() -> Arc<Opener> {
         Arc::new(Opener {
             mode: Mode::Unchecked,
             principals: Vec::new(),
@@ -386,14 +390,9 @@ impl Opener {
         })
     }
 
-    /// The principals the file is opened as (empty: as the daemon).
-    pub fn principals(&self) -> &[Principal] {
-        &self.principals
-    }
-
     /// Opens `path` read-only, `O_NOFOLLOW | O_NONBLOCK` (the caller checks that it is a
     /// regular file and clears `O_NONBLOCK`), as every principal.
-    pub fn open(&self, path: &Path) -> Result<File, OpenError> {
+    pub(crate) fn open(&self, path: &Path) -> Result<File, OpenError> {
         let open = || {
             std::fs::OpenOptions::new()
                 .read(true)

@@ -13,24 +13,24 @@ use crate::format::ContentHasher;
 
 /// Bytes per checksummed block: small enough that `--verify-reads` reads a few blocks per
 /// window, large enough that the checksum file is 1/8192 of the shard.
-pub const BLOCK: u64 = 64 * 1024;
+pub(crate) const BLOCK: u64 = 64 * 1024;
 
 /// Bytes per checksummed block of a document file: the reads of document files are small
 /// (a few records per row), so their blocks are a page.
-pub const DOC_BLOCK: u64 = 4096;
+pub(crate) const DOC_BLOCK: u64 = 4096;
 
 /// Number of blocks of a shard of `bytes` bytes.
-pub fn blocks(bytes: u64) -> u64 {
+pub(crate) fn blocks(bytes: u64) -> u64 {
     bytes.div_ceil(BLOCK)
 }
 
 /// Size of the checksum file of a shard of `bytes` bytes.
-pub fn file_len(bytes: u64) -> u64 {
+pub(crate) fn file_len(bytes: u64) -> u64 {
     blocks(bytes) * 8
 }
 
 /// The checksum of one block.
-pub fn block_sum(bytes: &[u8]) -> u64 {
+pub(crate) fn block_sum(bytes: &[u8]) -> u64 {
     let mut h = ContentHasher::new();
     h.update(bytes);
     h.finish()
@@ -38,7 +38,7 @@ pub fn block_sum(bytes: &[u8]) -> u64 {
 
 /// Block checksums of a byte stream fed in pieces of any size.
 #[derive(Clone, Debug)]
-pub struct BlockSums {
+pub(crate) struct BlockSums {
     hasher: ContentHasher,
     block: u64,
     in_block: u64,
@@ -53,12 +53,12 @@ impl Default for BlockSums {
 
 impl BlockSums {
     /// Nothing fed yet.
-    pub fn new() -> BlockSums {
+    pub(crate) fn new() -> BlockSums {
         BlockSums::default()
     }
 
     /// Nothing fed yet; blocks of `block` bytes.
-    pub fn with_block(block: u64) -> BlockSums {
+    pub(crate) fn with_block(block: u64) -> BlockSums {
         BlockSums {
             hasher: ContentHasher::new(),
             block,
@@ -68,7 +68,7 @@ impl BlockSums {
     }
 
     /// Feeds the next bytes of the stream.
-    pub fn update(&mut self, mut bytes: &[u8]) {
+    pub(crate) fn update(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() {
             let take = ((self.block - self.in_block) as usize).min(bytes.len());
             self.hasher.update(&bytes[..take]);
@@ -83,7 +83,7 @@ impl BlockSums {
     }
 
     /// The checksums of every block, the last partial one included.
-    pub fn finish(&self) -> Vec<u64> {
+    pub(crate) fn finish(&self) -> Vec<u64> {
         let mut s = self.clone();
         s.finish_owned()
     }
@@ -97,12 +97,12 @@ impl BlockSums {
 }
 
 /// The checksum file's bytes.
-pub fn encode(sums: &[u64]) -> Vec<u8> {
+pub(crate) fn encode(sums: &[u64]) -> Vec<u8> {
     sums.iter().flat_map(|s| s.to_le_bytes()).collect()
 }
 
 /// The content hash recorded in the manifest for a checksum file's bytes.
-pub fn file_hash(encoded: &[u8]) -> u64 {
+pub(crate) fn file_hash(encoded: &[u8]) -> u64 {
     let mut h = ContentHasher::new();
     h.update(encoded);
     h.finish()

@@ -14,24 +14,24 @@ const MOUNT_HEADING: &str = "Mount options";
 // (a window longer than the data, too many files to number).
 
 /// Most tokens per row (`--window`; a row must also stay under 4 GiB).
-pub const MAX_WINDOW: u64 = u32::MAX as u64;
+pub(crate) const MAX_WINDOW: u64 = u32::MAX as u64;
 /// Most rows per step file (`--batch-size`).
-pub const MAX_BATCH_SIZE: u64 = 1 << 20;
+pub(crate) const MAX_BATCH_SIZE: u64 = 1 << 20;
 /// Most ranks (`--ranks`).
-pub const MAX_RANKS: u64 = 1 << 20;
+pub(crate) const MAX_RANKS: u64 = 1 << 20;
 /// Most epochs (`--epochs`).
-pub const MAX_EPOCHS: u64 = 1_000_000;
+pub(crate) const MAX_EPOCHS: u64 = 1_000_000;
 /// Most FUSE threads and prefetch workers (more only add contention: the kernel serves one
 /// queue).
-pub const MAX_THREADS: u64 = 256;
+pub(crate) const MAX_THREADS: u64 = 256;
 /// Most dataset files open at once (`--max-open-shards`; the open-file limit lowers it).
-pub const MAX_OPEN_FILES: u64 = 1 << 20;
+pub(crate) const MAX_OPEN_FILES: u64 = 1 << 20;
 /// Most tokens `synth` writes (4 TiB of u32).
-pub const MAX_SYNTH_TOKENS: u64 = 1 << 40;
+pub(crate) const MAX_SYNTH_TOKENS: u64 = 1 << 40;
 /// Most reader threads of `bench`.
-pub const MAX_BENCH_READERS: u64 = 1024;
+pub(crate) const MAX_BENCH_READERS: u64 = 1024;
 /// Longest pause of `bench --pace-us` (a minute).
-pub const MAX_PACE_US: u64 = 60_000_000;
+pub(crate) const MAX_PACE_US: u64 = 60_000_000;
 
 fn ranged(lo: u64, hi: u64) -> RangedU64ValueParser<u64> {
     RangedU64ValueParser::new().range(lo..=hi)

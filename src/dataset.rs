@@ -119,7 +119,7 @@ impl DocFiles {
 
 /// How document files are read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DocRead {
+pub(crate) enum DocRead {
     /// Against their block checksums, metadata validated as JSON: for anything served.
     Checked,
     /// As they are, for sizes only (`stat` of a JSON file): no checksum reads, no JSON
@@ -483,7 +483,7 @@ fn shard_open_error(path: &Path, e: &io::Error) -> Error {
 }
 
 /// The message for a listed file an [`Opener`] could not open.
-pub fn listed_open_error(path: &Path, e: OpenError) -> Error {
+pub(crate) fn listed_open_error(path: &Path, e: OpenError) -> Error {
     match e {
         OpenError::Io(e) => shard_open_error(path, &e),
         OpenError::Denied { who, source } => Error::dataset(
@@ -589,7 +589,7 @@ pub const MAX_MANIFEST_BYTES: u64 = 1 << 30;
 /// FIFO, which would block the open forever, nor a device such as `/dev/zero`, read until
 /// memory runs out), not a symbolic link, at most [`MAX_MANIFEST_BYTES`]. Every command that
 /// opens a dataset reads its manifest here. Returns the manifest and the file's metadata.
-pub fn read_manifest(dir: &Path) -> Result<(Manifest, std::fs::Metadata)> {
+pub(crate) fn read_manifest(dir: &Path) -> Result<(Manifest, std::fs::Metadata)> {
     use std::io::Read;
     let path = dir.join(MANIFEST);
     let file = std::fs::OpenOptions::new()
@@ -878,11 +878,6 @@ impl Dataset {
         }
         self.verify_reads = true;
         Ok(self)
-    }
-
-    /// Whether reads are checked against the block checksums.
-    pub fn verifies_reads(&self) -> bool {
-        self.verify_reads
     }
 
     /// Replaces the byte source of every file (shards and document files) with `wrap(path,

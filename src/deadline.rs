@@ -49,7 +49,7 @@ struct Shared {
 
 /// The pool. Dropping it stops idle threads and the watchdog; threads still blocked in a read
 /// are left to finish (their answers are discarded).
-pub struct DeadlinePool {
+pub(crate) struct DeadlinePool {
     shared: Arc<Shared>,
     /// Started on first use (after the daemon forked).
     watchdog: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -71,7 +71,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl DeadlinePool {
     /// A pool whose requests time out after `timeout`, keeping `min_threads` threads and
     /// growing to `max_threads` while all are busy. Threads start on first use.
-    pub fn new(timeout: Duration, min_threads: usize, max_threads: usize) -> DeadlinePool {
+    pub(crate) fn new(timeout: Duration, min_threads: usize, max_threads: usize) -> DeadlinePool {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 queue: VecDeque::new(),
@@ -95,19 +95,20 @@ impl DeadlinePool {
     }
 
     /// The deadline of every request.
-    pub fn timeout(&self) -> Duration {
+    pub(crate) fn timeout(&self) -> Duration {
         self.shared.timeout
     }
 
     /// Requests answered by their timeout action so far.
-    pub fn timed_out(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn timed_out(&self) -> u64 {
         self.shared.timed_out.load(Ordering::Relaxed)
     }
 
     /// Runs `work` on a pool thread. If it has not finished `timeout` after this call,
     /// `on_timeout` runs on the watchdog thread (and `work` keeps running; the caller makes
     /// sure only the first of the two answers).
-    pub fn submit(
+    pub(crate) fn submit(
         &self,
         work: impl FnOnce() + Send + 'static,
         on_timeout: impl FnOnce() + Send + 'static,
@@ -142,7 +143,7 @@ impl DeadlinePool {
     /// Runs `work` on the calling thread under the same deadline: if it has not returned
     /// `timeout` after this call, `on_timeout` runs on the watchdog thread while this thread
     /// stays blocked (the caller answers only once, as with [`DeadlinePool::submit`]).
-    pub fn run_here<R>(
+    pub(crate) fn run_here<R>(
         &self,
         work: impl FnOnce() -> R,
         on_timeout: impl FnOnce() + Send + 'static,

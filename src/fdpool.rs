@@ -28,11 +28,11 @@ use crate::dataset::ReadAt;
 
 /// Open descriptors kept by default (`--max-open-shards`): shards, checksum and document files
 /// all count.
-pub const DEFAULT_MAX_OPEN: usize = 4096;
+pub(crate) const DEFAULT_MAX_OPEN: usize = 4096;
 
 /// What pins a file: it must still be this file when reopened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Identity {
+pub(crate) struct Identity {
     dev: u64,
     ino: u64,
     size: u64,
@@ -41,7 +41,7 @@ pub struct Identity {
 
 impl Identity {
     /// The identity of an open file.
-    pub fn of(meta: &Metadata) -> Identity {
+    pub(crate) fn of(meta: &Metadata) -> Identity {
         Identity {
             dev: meta.dev(),
             ino: meta.ino(),
@@ -52,7 +52,7 @@ impl Identity {
 }
 
 /// The open descriptors, least recently used closed first.
-pub struct FdPool {
+pub(crate) struct FdPool {
     open: Mutex<LruCache<usize, Arc<File>>>,
     next_id: AtomicUsize,
     reopened: AtomicU64,
@@ -68,7 +68,7 @@ impl std::fmt::Debug for FdPool {
 
 impl FdPool {
     /// A pool of at most `max_open` descriptors (at least 1).
-    pub fn new(max_open: usize) -> Arc<FdPool> {
+    pub(crate) fn new(max_open: usize) -> Arc<FdPool> {
         Arc::new(FdPool {
             open: Mutex::new(LruCache::new(
                 NonZeroUsize::new(max_open.max(1)).expect("at least 1"),
@@ -83,19 +83,21 @@ impl FdPool {
     }
 
     /// Descriptors open now.
-    pub fn open_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn open_count(&self) -> usize {
         self.lock().len()
     }
 
     /// Files reopened so far (their descriptor had been closed to stay within the bound).
-    pub fn reopened(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn reopened(&self) -> u64 {
         self.reopened.load(Ordering::Relaxed)
     }
 }
 
 /// A dataset file read through an [`FdPool`].
 #[derive(Debug)]
-pub struct PinnedFile {
+pub(crate) struct PinnedFile {
     pool: Arc<FdPool>,
     id: usize,
     path: PathBuf,
@@ -108,7 +110,7 @@ pub struct PinnedFile {
 
 /// Tells the kernel not to read ahead around reads of `file` (shard reads are random).
 /// Advisory: a failure is harmless.
-pub fn advise_random(file: &File) {
+pub(crate) fn advise_random(file: &File) {
     let _ = nix::fcntl::posix_fadvise(
         file,
         0,
@@ -120,7 +122,7 @@ pub fn advise_random(file: &File) {
 impl PinnedFile {
     /// Pins `file` (just opened by `opener` and validated at `path`) and hands its descriptor
     /// to `pool`.
-    pub fn new(
+    pub(crate) fn new(
         pool: &Arc<FdPool>,
         path: PathBuf,
         file: File,
@@ -140,7 +142,7 @@ impl PinnedFile {
     }
 
     /// Advises `POSIX_FADV_RANDOM` on every reopen (the caller advised the first open).
-    pub fn random_access(mut self) -> PinnedFile {
+    pub(crate) fn random_access(mut self) -> PinnedFile {
         self.random = true;
         self
     }

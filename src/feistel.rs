@@ -21,14 +21,14 @@
 
 /// Number of Feistel rounds. The seed article calls 5 plenty for a non-cryptographic shuffle;
 /// one more costs little and gives margin.
-pub const ROUNDS: usize = 6;
+pub(crate) const ROUNDS: usize = 6;
 
 /// Name of the algorithm, part of every mount's fingerprint. Bump it when any formula above
 /// changes, because the same seed would then produce a different order.
-pub const ALGORITHM: &str = "feistel-v1";
+pub(crate) const ALGORITHM: &str = "feistel-v1";
 
 /// Walks [`Permutation::apply_strided`] runs side by side.
-pub const LANES: usize = 8;
+pub(crate) const LANES: usize = 8;
 
 /// SplitMix64's increment (the golden ratio in 64 bits).
 pub const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;

@@ -25,10 +25,10 @@ use crate::dtype::RecordType;
 use crate::error::{Error, Result};
 
 /// The file name of the manifest inside a dataset directory.
-pub const MANIFEST: &str = "manifest.json";
+pub(crate) const MANIFEST: &str = "manifest.json";
 
 /// The value of the manifest's `format` field.
-pub const FORMAT_NAME: &str = "shufflefs-dataset";
+pub(crate) const FORMAT_NAME: &str = "shufflefs-dataset";
 
 /// The manifest version this build writes. Bumped on any change that an older reader would
 /// misread; readers refuse versions they do not know with a message saying what to do.
@@ -40,7 +40,7 @@ pub const VERSION: u32 = 4;
 /// The oldest manifest version this build reads: a version 2 manifest is a version 3 one
 /// without checksums; versions 2 and 3 identify an in-place shard by its absolute path, size
 /// and mtime ([`in_place_hash`]).
-pub const MIN_VERSION: u32 = 2;
+pub(crate) const MIN_VERSION: u32 = 2;
 
 /// One shard of the stream.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,7 +91,7 @@ fn is_zero(n: &u64) -> bool {
 
 /// The values of `ShardEntry::source_format`: headerless records, a numpy `.npy`, an llm.c
 /// shard.
-pub const SOURCE_FORMATS: [&str; 3] = ["raw", "npy", "llmc"];
+pub(crate) const SOURCE_FORMATS: [&str; 3] = ["raw", "npy", "llmc"];
 
 /// A shard's checksum file (see `checksum.rs` and docs/FORMAT.md).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,7 +143,7 @@ pub struct ShardDocs {
 }
 
 /// Bytes per document record in a `docs` file.
-pub const DOC_RECORD: u64 = 24;
+pub(crate) const DOC_RECORD: u64 = 24;
 
 /// The parsed `manifest.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -507,11 +507,11 @@ impl Manifest {
 }
 
 /// The end of every manifest validation message except the version's: what to do.
-pub const EDITED: &str =
+pub(crate) const EDITED: &str =
     "; the manifest is damaged or was edited: restore it or re-run `shufflefs pack`";
 
 /// The name of shard `index` written by the pack run `pack_id`.
-pub fn shard_name(pack_id: &str, index: usize) -> String {
+pub(crate) fn shard_name(pack_id: &str, index: usize) -> String {
     format!("shard-{pack_id}-{index:05}.bin")
 }
 
@@ -593,16 +593,16 @@ impl Manifest {
 }
 
 /// Ranges sampled per in-place shard by [`sample_ranges`].
-pub const SAMPLES: u64 = 16;
+pub(crate) const SAMPLES: u64 = 16;
 
 /// Bytes per sampled range (a page).
-pub const SAMPLE_BYTES: u64 = 4096;
+pub(crate) const SAMPLE_BYTES: u64 = 4096;
 
 /// The byte ranges `(offset, len)` of a shard of `bytes` bytes whose content identifies it in
 /// place: the whole shard when it is at most [`SAMPLES`] * [`SAMPLE_BYTES`] (64 KiB), else
 /// [`SAMPLES`] pages spread evenly from the first to the last byte (page-aligned but the last,
 /// which ends at the end). Fixed by the size alone, so the same bytes always sample alike.
-pub fn sample_ranges(bytes: u64) -> Vec<(u64, u64)> {
+pub(crate) fn sample_ranges(bytes: u64) -> Vec<(u64, u64)> {
     if bytes <= SAMPLES * SAMPLE_BYTES {
         return vec![(0, bytes)];
     }
@@ -623,7 +623,7 @@ pub fn sample_ranges(bytes: u64) -> Vec<(u64, u64)> {
 /// The content identity of an in-place shard (version 4): its size and the bytes of its
 /// [`sample_ranges`], in order (`sampled`, concatenated). O(1) per shard; it cannot see a
 /// change of the same size outside the sampled pages (docs/FORMAT.md, section 3).
-pub fn sampled_identity(bytes: u64, sampled: &[u8]) -> String {
+pub(crate) fn sampled_identity(bytes: u64, sampled: &[u8]) -> String {
     let mut h = ContentHasher::new();
     h.update(b"shufflefs-in-place-v4\0");
     h.update(&bytes.to_le_bytes());
@@ -634,7 +634,7 @@ pub fn sampled_identity(bytes: u64, sampled: &[u8]) -> String {
 /// The guard of an in-place shard (version 4): binds its stored `path` and its mtime at pack
 /// to its content identity `hash`. Not a secret: it makes a mount trust an unmodified file
 /// without sampling it, and sample every file whose path, mtime or hash was edited.
-pub fn in_place_guard(path: &str, bytes: u64, mtime_ns: u64, hash: &str) -> String {
+pub(crate) fn in_place_guard(path: &str, bytes: u64, mtime_ns: u64, hash: &str) -> String {
     let mut h = ContentHasher::new();
     h.update(b"shufflefs-in-place-guard\0");
     h.update(path.as_bytes());
@@ -658,7 +658,7 @@ pub fn in_place_hash(path: &str, bytes: u64, mtime_ns: u64) -> String {
 
 /// The dataset identity over all shards: hash of each shard's size and content hash, in
 /// order. File names do not count: the same tokens packed twice have the same identity.
-pub fn content_hash(shards: &[ShardEntry]) -> String {
+pub(crate) fn content_hash(shards: &[ShardEntry]) -> String {
     let mut h = ContentHasher::new();
     for s in shards {
         h.update(&s.bytes.to_le_bytes());
@@ -687,12 +687,12 @@ pub fn content_hash(shards: &[ShardEntry]) -> String {
 }
 
 /// Formats a hash as 16 lowercase hex digits.
-pub fn format_hash(h: u64) -> String {
+pub(crate) fn format_hash(h: u64) -> String {
     format!("{h:016x}")
 }
 
 /// Parses 16 hex digits.
-pub fn parse_hash(s: &str) -> Option<u64> {
+pub(crate) fn parse_hash(s: &str) -> Option<u64> {
     if s.len() == 16
         && s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
@@ -707,7 +707,7 @@ pub fn parse_hash(s: &str) -> Option<u64> {
 /// folded with a multiply-rotate step, then finished with the length and SplitMix64. Equal
 /// byte streams give equal hashes however they are split into `update` calls.
 #[derive(Clone, Debug)]
-pub struct ContentHasher {
+pub(crate) struct ContentHasher {
     state: u64,
     pending: [u8; 8],
     pending_len: usize,
@@ -724,7 +724,7 @@ impl ContentHasher {
     const P: u64 = 0x9FB2_1C65_1E98_DF25;
 
     /// A fresh hasher.
-    pub fn new() -> ContentHasher {
+    pub(crate) fn new() -> ContentHasher {
         ContentHasher {
             state: 0x243F_6A88_85A3_08D3,
             pending: [0; 8],
@@ -739,7 +739,7 @@ impl ContentHasher {
     }
 
     /// Feeds bytes.
-    pub fn update(&mut self, mut bytes: &[u8]) {
+    pub(crate) fn update(&mut self, mut bytes: &[u8]) {
         self.total += bytes.len() as u64;
         if self.pending_len > 0 {
             let take = (8 - self.pending_len).min(bytes.len());
@@ -763,7 +763,7 @@ impl ContentHasher {
     }
 
     /// The hash of everything fed so far.
-    pub fn finish(&self) -> u64 {
+    pub(crate) fn finish(&self) -> u64 {
         let mut s = self.clone();
         if s.pending_len > 0 {
             let mut last = [0u8; 8];

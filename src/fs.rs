@@ -39,12 +39,12 @@ use crate::view::{View, json_len, json_range};
 pub const ROOT_INO: u64 = 1;
 
 /// Most names a directory listing shows by default (`--max-listing`).
-pub const DEFAULT_MAX_LISTING: u64 = 10_000;
+pub(crate) const DEFAULT_MAX_LISTING: u64 = 10_000;
 
 /// Permission bits of files.
-pub const FILE_PERM: u16 = 0o444;
+pub(crate) const FILE_PERM: u16 = 0o444;
 /// Permission bits of directories.
-pub const DIR_PERM: u16 = 0o555;
+pub(crate) const DIR_PERM: u16 = 0o555;
 
 /// A node of the tree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -332,7 +332,7 @@ impl Inodes {
 /// The directories whose number of names grows with the plan, as path patterns, with that
 /// number (every other directory holds one to five names). `info.json` reports those a
 /// bounded listing cuts short.
-pub fn listing_sizes(plan: &crate::plan::Plan) -> [(&'static str, u64); 6] {
+pub(crate) fn listing_sizes(plan: &crate::plan::Plan) -> [(&'static str, u64); 6] {
     let (epochs, observations) = (plan.epochs(), plan.n_observations());
     [
         ("epoch", epochs),
@@ -355,7 +355,7 @@ fn parse_file(name: &[u8], bound: u64, suffix: &[u8]) -> Option<u64> {
 
 /// Parses a canonical decimal below `bound`: ASCII digits only, no sign, no leading zero
 /// (except `0` itself), no overflow.
-pub fn parse_index(name: &[u8], bound: u64) -> Option<u64> {
+pub(crate) fn parse_index(name: &[u8], bound: u64) -> Option<u64> {
     if name.is_empty() || name.len() > 20 || (name.len() > 1 && name[0] == b'0') {
         return None;
     }

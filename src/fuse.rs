@@ -29,7 +29,7 @@ const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Most threads reading shards at once: stalled reads hold threads, and this many leave room
 /// for the rest (a request waits in the queue beyond it, still under its deadline).
-pub const MAX_IO_THREADS: usize = 64;
+pub(crate) const MAX_IO_THREADS: usize = 64;
 
 /// Runs a request handler; a panic is answered with `EIO` (the reply is dropped while
 /// unwinding, and fuser answers an unanswered request with `EIO`) and logged, so a bug in one
@@ -77,7 +77,7 @@ impl Ownership {
 
 /// Adapter state: the filesystem plus the ownership and timestamps every attribute carries.
 #[derive(Debug)]
-pub struct FuseAdapter {
+pub(crate) struct FuseAdapter {
     fs: Arc<ShuffleFs>,
     owner: Ownership,
     mtime: SystemTime,
@@ -142,7 +142,7 @@ impl Opens {
 /// - pages the kernel reclaimed under memory pressure are read again: a READ of the missing
 ///   range reaches the daemon and is served like any other (counted as a fallback);
 /// - FORGET of an inode clears the belief that it is stored.
-pub struct KernelCache {
+pub(crate) struct KernelCache {
     notifier: Notifier,
     mountpoint: PathBuf,
     ino_of: Box<dyn Fn(StepKey) -> u64 + Send + Sync>,
@@ -165,9 +165,9 @@ struct Stores {
 /// [`QUIESCE_NAME`] stops prefill stores and returns once none is in flight, so the daemon
 /// itself holds no path in its mount when the unmount comes; [`RESUME_NAME`] starts them
 /// again after an unmount that failed (busy).
-pub const QUIESCE_NAME: &str = ".shufflefs-quiesce";
+pub(crate) const QUIESCE_NAME: &str = ".shufflefs-quiesce";
 /// See [`QUIESCE_NAME`].
-pub const RESUME_NAME: &str = ".shufflefs-resume";
+pub(crate) const RESUME_NAME: &str = ".shufflefs-resume";
 
 /// A step file believed to be in the page cache.
 #[derive(Clone, Copy, Debug)]
@@ -205,7 +205,7 @@ const PAGE: usize = 4096;
 
 impl KernelCache {
     /// Prefill into the page cache of the mount at `mountpoint`, served by `fs`.
-    pub fn new(notifier: Notifier, mountpoint: PathBuf, fs: &ShuffleFs) -> KernelCache {
+    pub(crate) fn new(notifier: Notifier, mountpoint: PathBuf, fs: &ShuffleFs) -> KernelCache {
         KernelCache {
             notifier,
             mountpoint,
@@ -225,7 +225,7 @@ impl KernelCache {
     /// Stops prefill stores (each looks its file up through the mount, which makes an unmount
     /// fail `EBUSY` while it runs) and waits, at most `max_wait`, until none is in flight.
     /// Returns whether none is.
-    pub fn stop(&self, max_wait: Duration) -> bool {
+    pub(crate) fn stop(&self, max_wait: Duration) -> bool {
         let mut stores = self.stores();
         stores.stopped = true;
         let (stores, _) = self
@@ -236,7 +236,7 @@ impl KernelCache {
     }
 
     /// Starts prefill stores again (after an unmount that failed).
-    pub fn resume(&self) {
+    pub(crate) fn resume(&self) {
         self.stores().stopped = false;
     }
 
@@ -378,7 +378,7 @@ impl Prefill for KernelCache {
 impl FuseAdapter {
     /// Wraps `fs`; files carry `owner` and are dated `mtime`. With `read_timeout`, reads that
     /// touch shards run off the FUSE threads and answer `EIO` once it has passed.
-    pub fn new(
+    pub(crate) fn new(
         fs: ShuffleFs,
         owner: Ownership,
         mtime: SystemTime,
@@ -401,7 +401,7 @@ impl FuseAdapter {
     }
 
     /// The filesystem (shared with the session).
-    pub fn fs(&self) -> &Arc<ShuffleFs> {
+    pub(crate) fn fs(&self) -> &Arc<ShuffleFs> {
         &self.fs
     }
 
@@ -433,7 +433,7 @@ impl FuseAdapter {
     }
 
     /// Where `mount.rs` puts the page-cache prefill once the session exists.
-    pub fn prefill_slot(&self) -> Arc<OnceLock<Arc<KernelCache>>> {
+    pub(crate) fn prefill_slot(&self) -> Arc<OnceLock<Arc<KernelCache>>> {
         self.prefill.clone()
     }
 

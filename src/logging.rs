@@ -31,7 +31,6 @@ enum Sink {
     Stderr,
     File(std::fs::File),
     Syslog,
-    Discard,
 }
 
 static SINK: Mutex<Sink> = Mutex::new(Sink::Stderr);
@@ -59,7 +58,6 @@ impl Write for SwitchWriter {
                     unsafe { libc::syslog(priority, c"%s".as_ptr(), c.as_ptr()) };
                 }
             }
-            Sink::Discard => {}
         }
         Ok(buf.len())
     }
@@ -105,7 +103,7 @@ pub fn init(verbosity: i8) {
 /// block the open), a file owned by another user than the daemon's, and a file with more than
 /// one hard link: each could make a daemon running as root append to a file its user did not
 /// choose.
-pub fn open_log_file(path: &Path) -> Result<File> {
+pub(crate) fn open_log_file(path: &Path) -> Result<File> {
     let refuse = |why: String| {
         Error::invalid(format!(
             "--log-file {}: {why}; name a file the daemon's user owns (or a new one in a \
@@ -158,7 +156,7 @@ pub fn open_log_file(path: &Path) -> Result<File> {
 }
 
 /// A user's name for messages (`uid N` when it has none).
-pub fn user_name(uid: u32) -> String {
+pub(crate) fn user_name(uid: u32) -> String {
     match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
         Ok(Some(user)) => user.name,
         _ => format!("uid {uid}"),
@@ -166,12 +164,12 @@ pub fn user_name(uid: u32) -> String {
 }
 
 /// Sends further log lines to `file` (opened by [`open_log_file`]).
-pub fn to_file(file: File) {
+pub(crate) fn to_file(file: File) {
     *SINK.lock().unwrap_or_else(|p| p.into_inner()) = Sink::File(file);
 }
 
 /// Sends further log lines to syslog (the journal on systemd machines).
-pub fn to_syslog() {
+pub(crate) fn to_syslog() {
     // SAFETY: the identity string is 'static; openlog keeps the pointer.
     // LOG_NDELAY: connect now, while a descriptor is surely free.
     unsafe {
@@ -185,28 +183,23 @@ pub fn to_syslog() {
 }
 
 /// Whether log lines currently go to stderr.
-pub fn is_stderr() -> bool {
+pub(crate) fn is_stderr() -> bool {
     matches!(
         *SINK.lock().unwrap_or_else(|p| p.into_inner()),
         Sink::Stderr
     )
 }
 
-/// Drops further log lines.
-pub fn discard() {
-    *SINK.lock().unwrap_or_else(|p| p.into_inner()) = Sink::Discard;
-}
-
 /// Lines of one cause shown per [`PERIOD`] before the rest are counted.
 pub const BURST: u32 = 5;
 /// The period of [`BURST`].
-pub const PERIOD: Duration = Duration::from_secs(60);
+pub(crate) const PERIOD: Duration = Duration::from_secs(60);
 /// Causes remembered at once (least recently seen forgotten first, with their count written).
 const MAX_CAUSES: NonZeroUsize = NonZeroUsize::new(4096).expect("non-zero");
 
 /// What [`RateLimiter::admit`] decided.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Admit {
+pub(crate) enum Admit {
     /// Write the line; first, when `Some`, the count of lines suppressed in the period that
     /// just ended.
     Show(Option<u64>),
@@ -226,12 +219,12 @@ struct Cause {
 
 /// Per-cause counting of repeated lines. Takes the time as an argument: tests need no clock.
 #[derive(Debug)]
-pub struct RateLimiter {
+pub(crate) struct RateLimiter {
     causes: LruCache<String, Cause>,
 }
 
 /// A summary to write: `(level, target, cause, suppressed lines)`.
-pub type Summary = (log::Level, &'static str, String, u64);
+pub(crate) type Summary = (log::Level, &'static str, String, u64);
 
 impl Default for RateLimiter {
     fn default() -> Self {
@@ -244,7 +237,7 @@ impl Default for RateLimiter {
 impl RateLimiter {
     /// Decides about one line of `cause` at `now`. A summary of a forgotten cause (more than
     /// [`MAX_CAUSES`] causes at once) is pushed to `evicted`.
-    pub fn admit(
+    pub(crate) fn admit(
         &mut self,
         cause: &str,
         level: log::Level,
@@ -284,7 +277,7 @@ impl RateLimiter {
 
     /// The summaries of periods that ended by `now` (all of them with `all`), each cause then
     /// starting afresh.
-    pub fn due(&mut self, now: Instant, all: bool) -> Vec<Summary> {
+    pub(crate) fn due(&mut self, now: Instant, all: bool) -> Vec<Summary> {
         let mut out = Vec::new();
         for (cause, c) in self.causes.iter_mut() {
             if c.suppressed > 0 && (all || now.saturating_duration_since(c.start) >= PERIOD) {
@@ -314,7 +307,12 @@ fn write_summaries(summaries: Vec<Summary>) {
 
 /// Writes `message` at `level` unless [`BURST`] lines of `cause` were written in this
 /// [`PERIOD`] already (then it is counted). Use through [`log_limited!`].
-pub fn limited(level: log::Level, target: &'static str, cause: &str, message: std::fmt::Arguments) {
+pub(crate) fn limited(
+    level: log::Level,
+    target: &'static str,
+    cause: &str,
+    message: std::fmt::Arguments,
+) {
     if !log::log_enabled!(target: target, level) {
         return;
     }
@@ -340,7 +338,7 @@ pub fn limited(level: log::Level, target: &'static str, cause: &str, message: st
 
 /// Writes the count of lines suppressed in periods that have ended (all counts with `all`,
 /// at unmount). The daemon calls it about once a second.
-pub fn flush_suppressed(all: bool) {
+pub(crate) fn flush_suppressed(all: bool) {
     let due = LIMITER
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -350,7 +348,6 @@ pub fn flush_suppressed(all: bool) {
 
 /// `log!` with a rate limit per cause: `log_limited!(Level::Error, cause, "fmt", args..)`;
 /// `cause` (anything `Display`) names what failed, e.g. the operation, errno and file.
-#[macro_export]
 macro_rules! log_limited {
     ($level:expr, $cause:expr, $($arg:tt)+) => {
         $crate::logging::limited(
@@ -361,6 +358,7 @@ macro_rules! log_limited {
         )
     };
 }
+pub(crate) use log_limited;
 
 #[cfg(test)]
 mod tests {

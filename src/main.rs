@@ -3,13 +3,12 @@
 
 use clap::Parser;
 
-use shufflefs::cli::Cli;
-use shufflefs::{cmd, logging};
+use shufflefs::Cli;
 
 fn main() {
     let cli = Cli::parse();
-    logging::init(cli.verbose as i8 - cli.quiet as i8);
-    if let Err(e) = cmd::run(cli.command) {
+    shufflefs::init(cli.verbose as i8 - cli.quiet as i8);
+    if let Err(e) = shufflefs::run(cli.command) {
         // Display already includes the underlying cause.
         eprintln!("error: {e}");
         std::process::exit(1);

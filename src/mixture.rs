@@ -97,24 +97,24 @@ use std::sync::Mutex;
 
 /// Name of the counting and placement algorithm, for fingerprints. Bump it when any formula in
 /// the module documentation changes.
-pub const ALGORITHM: &str = "mixture-v1";
+pub(crate) const ALGORITHM: &str = "mixture-v1";
 
 /// Weights are integers out of `WEIGHT_ONE = 2^32`.
-pub const WEIGHT_ONE: u64 = 1 << 32;
+pub(crate) const WEIGHT_ONE: u64 = 1 << 32;
 
 /// Largest global batch (rows per global step) a schedule accepts: keeps the count path exact in
 /// `i64` (see [`Counter`]).
-pub const MAX_GLOBAL_BATCH: u64 = 1 << 30;
+pub(crate) const MAX_GLOBAL_BATCH: u64 = 1 << 30;
 
 /// Largest number of sources.
-pub const MAX_SOURCES: usize = 4096;
+pub(crate) const MAX_SOURCES: usize = 4096;
 
 /// Largest weight accepted by [`Weight::parse`] (weights are relative, so this only bounds the
 /// ratio of the largest to the smallest).
-pub const MAX_WEIGHT: u64 = 1_000_000_000;
+pub(crate) const MAX_WEIGHT: u64 = 1_000_000_000;
 
 /// Random access keeps the counting state every `CHECKPOINT_STEPS` steps, once computed.
-pub const CHECKPOINT_STEPS: u64 = 1 << 14;
+pub(crate) const CHECKPOINT_STEPS: u64 = 1 << 14;
 
 const D: i64 = WEIGHT_ONE as i64;
 const WEIGHT_DECIMALS: u32 = 18;
@@ -124,7 +124,7 @@ const DOMAIN_SPLIT: u64 = 0x6d69_7873_706c_7431; // "mixsplt1"
 
 /// What is wrong with a mixture's configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MixtureError(String);
+pub(crate) struct MixtureError(String);
 
 impl MixtureError {
     fn new(msg: impl Into<String>) -> MixtureError {
@@ -148,13 +148,13 @@ type Result<T> = std::result::Result<T, MixtureError>;
 
 /// A non-negative weight as an exact decimal: units of `10^-18`, at most [`MAX_WEIGHT`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Weight(u128);
+pub(crate) struct Weight(u128);
 
 impl Weight {
     /// Parses decimal text such as `0.7`, `3`, `1e-3`, `2.5E+2`. Digits beyond the 18th decimal
     /// place are dropped (truncation). Negative, non-finite or larger than [`MAX_WEIGHT`] values
     /// are errors.
-    pub fn parse(text: &str) -> Result<Weight> {
+    pub(crate) fn parse(text: &str) -> Result<Weight> {
         let bad = || {
             MixtureError::new(format!(
                 "weight {text:?} is not a non-negative decimal number such as 0.25 or 1e-3"
@@ -228,7 +228,7 @@ impl Weight {
 
     /// The weight a TOML float denotes: its shortest round-trip decimal (Rust's `{:e}`
     /// formatting; `0.7` is exactly `7/10`), then [`Weight::parse`].
-    pub fn from_f64(value: f64) -> Result<Weight> {
+    pub(crate) fn from_f64(value: f64) -> Result<Weight> {
         if !value.is_finite() {
             return Err(MixtureError::new(format!(
                 "weight {value} is not a finite number"
@@ -238,12 +238,12 @@ impl Weight {
     }
 
     /// The weight in units of `10^-18`.
-    pub fn units(self) -> u128 {
+    pub(crate) fn units(self) -> u128 {
         self.0
     }
 
     /// Whether the weight is zero.
-    pub fn is_zero(self) -> bool {
+    pub(crate) fn is_zero(self) -> bool {
         self.0 == 0
     }
 }
@@ -252,7 +252,7 @@ impl Weight {
 /// (`X` the exact sum), then one more for the `D - sum n_k < K` largest remainders `D x_k mod X`
 /// (ties: smaller `rank`, see [`name_ranks`]). A positive weight that would become 0 is an error
 /// (it is below `2^-32` of the total); so are all-zero weights.
-pub fn normalize(weights: &[Weight], rank: &[u32]) -> Result<Vec<u64>> {
+pub(crate) fn normalize(weights: &[Weight], rank: &[u32]) -> Result<Vec<u64>> {
     assert_eq!(weights.len(), rank.len(), "one rank per weight");
     if weights.is_empty() {
         return Err(MixtureError::new("a mixture needs at least one source"));
@@ -289,7 +289,7 @@ pub fn normalize(weights: &[Weight], rank: &[u32]) -> Result<Vec<u64>> {
 
 /// Canonical ranks of sources by name (rank 0 for the smallest name in byte order): every tie is
 /// broken by this rank, so listing the sources in another order changes nothing.
-pub fn name_ranks<S: AsRef<str>>(names: &[S]) -> Vec<u32> {
+pub(crate) fn name_ranks<S: AsRef<str>>(names: &[S]) -> Vec<u32> {
     let mut order: Vec<usize> = (0..names.len()).collect();
     order.sort_by(|&a, &b| names[a].as_ref().cmp(names[b].as_ref()).then(a.cmp(&b)));
     let mut rank = vec![0u32; names.len()];
@@ -305,7 +305,7 @@ pub fn name_ranks<S: AsRef<str>>(names: &[S]) -> Vec<u32> {
 
 /// Weights and global batch from a global step on.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Segment {
+pub(crate) struct Segment {
     /// First global step of the segment.
     pub from_step: u64,
     /// Normalised weights, summing to [`WEIGHT_ONE`].
@@ -318,13 +318,13 @@ pub struct Segment {
 
 /// The weights and global batch of every global step: segments from step 0 on.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Schedule {
+pub(crate) struct Schedule {
     segments: Vec<Segment>,
 }
 
 impl Schedule {
     /// A schedule with one segment from step 0.
-    pub fn new(weights: Vec<u64>, global_batch: u64) -> Result<Schedule> {
+    pub(crate) fn new(weights: Vec<u64>, global_batch: u64) -> Result<Schedule> {
         check_weights(&weights, None)?;
         check_batch(global_batch)?;
         Ok(Schedule {
@@ -339,7 +339,7 @@ impl Schedule {
 
     /// Adds an entry from `from_step` on (after every existing one): new weights, a new global
     /// batch, or both (`None` keeps the value in force).
-    pub fn change(
+    pub(crate) fn change(
         &mut self,
         from_step: u64,
         weights: Option<Vec<u64>>,
@@ -369,33 +369,33 @@ impl Schedule {
     }
 
     /// Number of sources.
-    pub fn sources(&self) -> usize {
+    pub(crate) fn sources(&self) -> usize {
         self.segments[0].weights.len()
     }
 
     /// All segments, by step.
-    pub fn segments(&self) -> &[Segment] {
+    pub(crate) fn segments(&self) -> &[Segment] {
         &self.segments
     }
 
     /// Index of the segment in force at `step`.
-    pub fn segment_index(&self, step: u64) -> usize {
+    pub(crate) fn segment_index(&self, step: u64) -> usize {
         self.segments.partition_point(|s| s.from_step <= step) - 1
     }
 
     /// The segment in force at `step`.
-    pub fn segment(&self, step: u64) -> &Segment {
+    pub(crate) fn segment(&self, step: u64) -> &Segment {
         &self.segments[self.segment_index(step)]
     }
 
     /// Rows in steps `0..step`.
-    pub fn rows_before(&self, step: u64) -> u128 {
+    pub(crate) fn rows_before(&self, step: u64) -> u128 {
         let s = self.segment(step);
         s.first_row + (step - s.from_step) as u128 * s.global_batch as u128
     }
 
     /// `D * E_k(step)` exactly: the expected rows of source `k` in steps `0..step`, times `2^32`.
-    pub fn expected_scaled(&self, step: u64, k: usize) -> u128 {
+    pub(crate) fn expected_scaled(&self, step: u64, k: usize) -> u128 {
         let mut total = 0u128;
         for (i, s) in self.segments.iter().enumerate() {
             if s.from_step >= step {
@@ -414,7 +414,7 @@ impl Schedule {
     /// <from_step>,<global_batch>,<n_0>,...,<n_{K-1}>` each (weights normalised, in source
     /// order). Entries after `step` do not change what is served up to `step`, so a fingerprint
     /// built from this text survives adding future entries.
-    pub fn canonical_text(&self, step: u64) -> String {
+    pub(crate) fn canonical_text(&self, step: u64) -> String {
         let mut out = String::new();
         for s in self.segments.iter().take_while(|s| s.from_step <= step) {
             out.push_str(&format!("segment={},{}", s.from_step, s.global_batch));
@@ -466,7 +466,7 @@ fn check_batch(global_batch: u64) -> Result<()> {
 
 /// The counting state at the start of a step.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CountState {
+pub(crate) struct CountState {
     /// The global step this state precedes.
     pub step: u64,
     /// `C_k(step)`: rows drawn from each source so far.
@@ -543,7 +543,7 @@ struct Scratch {
 /// every key numerator `beta - a_k + (i - 1) D` stay below `2^62 + 2^40` in magnitude, and key
 /// comparisons multiply two `i64` into an `i128`.
 #[derive(Debug)]
-pub struct Counter {
+pub(crate) struct Counter {
     schedule: Schedule,
     rank: Vec<u32>,
     beta: i64,
@@ -557,7 +557,7 @@ pub struct Counter {
 impl Counter {
     /// Counts for `schedule`, breaking ties by `rank` (see [`name_ranks`]; must be a permutation
     /// of `0..K`).
-    pub fn new(schedule: Schedule, rank: Vec<u32>) -> Result<Counter> {
+    pub(crate) fn new(schedule: Schedule, rank: Vec<u32>) -> Result<Counter> {
         let k = schedule.sources();
         let mut seen = vec![false; k];
         if rank.len() != k
@@ -602,25 +602,25 @@ impl Counter {
     }
 
     /// The schedule.
-    pub fn schedule(&self) -> &Schedule {
+    pub(crate) fn schedule(&self) -> &Schedule {
         &self.schedule
     }
 
     /// `beta` as a fraction `(numerator, 2^32)`: the bound on `C - E` always, and on `|C - E|`
     /// while the weights are those of step 0.
-    pub fn beta(&self) -> (i64, i64) {
+    pub(crate) fn beta(&self) -> (i64, i64) {
         (self.beta, D)
     }
 
     /// `b_1` as a fraction `(numerator, 2^32)`: the bound on `E - C` across any changes.
-    pub fn upper_bound(&self) -> (i64, i64) {
+    pub(crate) fn upper_bound(&self) -> (i64, i64) {
         (self.bounds.get(1).copied().unwrap_or(0), D)
     }
 
     /// The state at the start of `step`: replays from the nearest checkpoint at or before it
     /// (at most [`CHECKPOINT_STEPS`] steps once the checkpoints up to `step` exist; the first
     /// call for a far step replays everything before it once).
-    pub fn state_at(&self, step: u64) -> CountState {
+    pub(crate) fn state_at(&self, step: u64) -> CountState {
         let mut scratch = Scratch::default();
         let mut state = {
             let mut cps = self.checkpoints.lock().unwrap_or_else(|e| e.into_inner());
@@ -642,7 +642,7 @@ impl Counter {
 
     /// The state at `step` replayed from step 0 without checkpoints: the reference for tests
     /// and for measuring the cost of a cold jump.
-    pub fn state_at_uncached(&self, step: u64) -> CountState {
+    pub(crate) fn state_at_uncached(&self, step: u64) -> CountState {
         let k = self.schedule.sources();
         let mut state = CountState {
             step: 0,
@@ -657,7 +657,7 @@ impl Counter {
     }
 
     /// Rows of each source in `step`, and `C_k(step)` before it.
-    pub fn counts(&self, step: u64) -> StepCounts {
+    pub(crate) fn counts(&self, step: u64) -> StepCounts {
         let mut state = self.state_at(step);
         let drawn = state.drawn.clone();
         let mut scratch = Scratch::default();
@@ -672,7 +672,7 @@ impl Counter {
     }
 
     /// An in-order reader of the counts from `step` on.
-    pub fn cursor(&self, step: u64) -> Cursor<'_> {
+    pub(crate) fn cursor(&self, step: u64) -> Cursor<'_> {
         Cursor {
             counter: self,
             state: self.state_at(step),
@@ -884,7 +884,7 @@ fn select(
 
 /// Rows of each source in one global step.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StepCounts {
+pub(crate) struct StepCounts {
     /// The global step.
     pub step: u64,
     /// Its global batch `G`.
@@ -899,7 +899,7 @@ pub struct StepCounts {
 
 /// Reads the counts step after step, `O(K)` each for few sources (`O(K log K)` for many).
 #[derive(Debug)]
-pub struct Cursor<'a> {
+pub(crate) struct Cursor<'a> {
     counter: &'a Counter,
     state: CountState,
     scratch: Scratch,
@@ -907,18 +907,18 @@ pub struct Cursor<'a> {
 
 impl Cursor<'_> {
     /// The state before the next step.
-    pub fn state(&self) -> &CountState {
+    pub(crate) fn state(&self) -> &CountState {
         &self.state
     }
 
     /// Counts of the next step (its number is `state().step` before the call); moves on.
-    pub fn advance(&mut self) -> &[u64] {
+    pub(crate) fn advance(&mut self) -> &[u64] {
         self.counter.advance(&mut self.state, &mut self.scratch);
         &self.scratch.count
     }
 
     /// The counts of the next step with its context; moves on.
-    pub fn next_counts(&mut self) -> StepCounts {
+    pub(crate) fn next_counts(&mut self) -> StepCounts {
         let step = self.state.step;
         let drawn = self.state.drawn.clone();
         let counts = self.advance().to_vec();
@@ -938,7 +938,7 @@ impl Cursor<'_> {
 // ---------------------------------------------------------------------------------------------
 
 /// A stable 64-bit key of a source name: FNV-1a over its UTF-8 bytes, then SplitMix64's mix.
-pub fn name_key(name: &str) -> u64 {
+pub(crate) fn name_key(name: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in name.as_bytes() {
         h ^= b as u64;
@@ -956,7 +956,7 @@ pub fn name_key(name: &str) -> u64 {
 /// - draws: `draw j` is training observation `perm_e(j mod m)`, `e = j div m`, `m = len - val`,
 ///   `perm_e = Permutation::new(m, mix(mix(seed ^ DOMAIN_DRAW) ^ name_key), e)`.
 #[derive(Clone, Debug)]
-pub struct SourceOrder {
+pub(crate) struct SourceOrder {
     len: u64,
     val: u64,
     key: u64,
@@ -965,7 +965,13 @@ pub struct SourceOrder {
 
 impl SourceOrder {
     /// The order of source `name` with `len` observations, `val` of them held out.
-    pub fn new(name: &str, len: u64, val: u64, seed: u64, split_seed: u64) -> Result<SourceOrder> {
+    pub(crate) fn new(
+        name: &str,
+        len: u64,
+        val: u64,
+        seed: u64,
+        split_seed: u64,
+    ) -> Result<SourceOrder> {
         if val >= len {
             return Err(MixtureError::new(format!(
                 "source {name:?}: holding out {val} of {len} observations leaves none to train on"
@@ -983,32 +989,32 @@ impl SourceOrder {
     }
 
     /// Observations of the source.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.len
     }
 
     /// Whether the source has no observations (never: [`SourceOrder::new`] refuses).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Observations drawn for training: one source epoch.
-    pub fn train_len(&self) -> u64 {
+    pub(crate) fn train_len(&self) -> u64 {
         self.len - self.val
     }
 
     /// Held-out observations.
-    pub fn val_len(&self) -> u64 {
+    pub(crate) fn val_len(&self) -> u64 {
         self.val
     }
 
     /// The permutation of training positions in source epoch `epoch`.
-    pub fn epoch_permutation(&self, epoch: u64) -> Permutation {
+    pub(crate) fn epoch_permutation(&self, epoch: u64) -> Permutation {
         Permutation::new(self.train_len(), self.key, epoch)
     }
 
     /// Observation id of training position `t` (`< train_len`).
-    pub fn train_observation(&self, t: u64) -> u64 {
+    pub(crate) fn train_observation(&self, t: u64) -> u64 {
         match &self.split {
             Some(p) => p.apply(self.val + t),
             None => t,
@@ -1016,18 +1022,18 @@ impl SourceOrder {
     }
 
     /// The observation of draw `j` (the `j`-th row ever drawn from this source).
-    pub fn observation(&self, j: u64) -> u64 {
+    pub(crate) fn observation(&self, j: u64) -> u64 {
         let m = self.train_len();
         self.train_observation(self.epoch_permutation(j / m).apply(j % m))
     }
 
     /// Observation id of validation row `i` (`< val_len`).
-    pub fn val_observation(&self, i: u64) -> u64 {
+    pub(crate) fn val_observation(&self, i: u64) -> u64 {
         self.split.as_ref().expect("no held-out split").apply(i)
     }
 
     /// Whether observation `obs` is held out.
-    pub fn is_val(&self, obs: u64) -> bool {
+    pub(crate) fn is_val(&self, obs: u64) -> bool {
         self.split
             .as_ref()
             .is_some_and(|p| p.invert(obs) < self.val)
@@ -1040,7 +1046,7 @@ impl SourceOrder {
 
 /// One source of a mixture.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SourceSpec {
+pub(crate) struct SourceSpec {
     /// Unique name (its draw and split keys derive from it).
     pub name: String,
     /// Observations in the source.
@@ -1051,7 +1057,7 @@ pub struct SourceSpec {
 
 /// A mixture plan: sources, their schedule, the seeds.
 #[derive(Debug)]
-pub struct Mixture {
+pub(crate) struct Mixture {
     specs: Vec<SourceSpec>,
     orders: Vec<SourceOrder>,
     counter: Counter,
@@ -1064,7 +1070,7 @@ pub struct Mixture {
 
 /// One row of a global step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Row {
+pub(crate) struct Row {
     /// Source index (in the order the sources were given).
     pub source: usize,
     /// Draw index within the source: the `draw`-th row ever drawn from it.
@@ -1076,7 +1082,7 @@ pub struct Row {
 impl Mixture {
     /// A mixture of `sources` (unique, non-empty names; `len > val`) on `schedule`, with the run
     /// `seed` (draw orders and slot shuffles) and the `split_seed` (held-out sets).
-    pub fn new(
+    pub(crate) fn new(
         sources: Vec<SourceSpec>,
         schedule: Schedule,
         seed: u64,
@@ -1126,34 +1132,34 @@ impl Mixture {
     }
 
     /// The sources, in the order given.
-    pub fn sources(&self) -> &[SourceSpec] {
+    pub(crate) fn sources(&self) -> &[SourceSpec] {
         &self.specs
     }
 
     /// The draw order of source `k`.
-    pub fn order(&self, k: usize) -> &SourceOrder {
+    pub(crate) fn order(&self, k: usize) -> &SourceOrder {
         &self.orders[k]
     }
 
     /// The counts.
-    pub fn counter(&self) -> &Counter {
+    pub(crate) fn counter(&self) -> &Counter {
         &self.counter
     }
 
     /// Global step `step`: its counts and slot layout.
-    pub fn batch(&self, step: u64) -> Batch<'_> {
+    pub(crate) fn batch(&self, step: u64) -> Batch<'_> {
         Batch::new(self, self.counter.counts(step))
     }
 
     /// The batch of `counts` (from [`Counter::counts`] or a [`Cursor`]).
-    pub fn batch_of(&self, counts: StepCounts) -> Batch<'_> {
+    pub(crate) fn batch_of(&self, counts: StepCounts) -> Batch<'_> {
         Batch::new(self, counts)
     }
 
     /// Canonical `key=value` lines of everything that decides the rows of steps `0..=step`, for
     /// the mount's fingerprint text: algorithm, seeds, sources (name, size, held out, in order),
     /// and the schedule entries starting at or before `step`.
-    pub fn canonical_text(&self, step: u64) -> String {
+    pub(crate) fn canonical_text(&self, step: u64) -> String {
         let mut out = format!(
             "mixture={ALGORITHM}\nmixture_seed={}\nsplit_seed={}\n",
             self.seed, self.split_seed
@@ -1168,7 +1174,7 @@ impl Mixture {
 
 /// The rows of one global step: `G` slots, each a (source, draw, observation).
 #[derive(Debug)]
-pub struct Batch<'a> {
+pub(crate) struct Batch<'a> {
     mixture: &'a Mixture,
     counts: StepCounts,
     /// `offsets[r]` = first position of the source of rank `r`; `offsets[K] = G`.
@@ -1207,12 +1213,12 @@ impl<'a> Batch<'a> {
     }
 
     /// The counts of the step.
-    pub fn counts(&self) -> &StepCounts {
+    pub(crate) fn counts(&self) -> &StepCounts {
         &self.counts
     }
 
     /// Slot `slot` (`< G`) of the step.
-    pub fn slot(&self, slot: u64) -> Row {
+    pub(crate) fn slot(&self, slot: u64) -> Row {
         let p = self.slots.apply(slot);
         let r = self.offsets.partition_point(|&o| o <= p) - 1;
         let k = self.mixture.by_rank[r];
@@ -1234,7 +1240,7 @@ impl<'a> Batch<'a> {
 
     /// Row `row` of rank `rank` out of `ranks` (`G = batch_size * ranks`): slot `row * ranks +
     /// rank`, as for a single dataset.
-    pub fn rank_row(&self, rank: u64, ranks: u64, row: u64) -> Row {
+    pub(crate) fn rank_row(&self, rank: u64, ranks: u64, row: u64) -> Row {
         self.slot(row * ranks + rank)
     }
 }

@@ -23,7 +23,7 @@ use crate::logging::user_name;
 
 /// The prefix of a shufflefs mount's source in the mount table (`shufflefs:/path/to/dataset`):
 /// how a live or stale shufflefs mount is recognised.
-pub const SOURCE_PREFIX: &str = "shufflefs:";
+pub(crate) const SOURCE_PREFIX: &str = "shufflefs:";
 
 /// How the session is run.
 #[derive(Clone, Debug)]
@@ -63,11 +63,11 @@ impl Default for MountOptions {
 /// The read deadline by default: far beyond any healthy read (a local shard read takes
 /// microseconds, a network filesystem milliseconds), short enough that a trainer sees an error
 /// instead of hanging.
-pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// FUSE worker threads by default: one per core, plus the one that never reads shards (so a
 /// stalled shard cannot block `stat`, `ls` and other steps; see `fuse.rs`).
-pub fn default_threads() -> usize {
+pub(crate) fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get()) + 1
 }
 
@@ -87,10 +87,10 @@ pub struct Mounted {
 }
 
 /// The FUSE device every mount needs read-write.
-pub const FUSE_DEVICE: &str = "/dev/fuse";
+pub(crate) const FUSE_DEVICE: &str = "/dev/fuse";
 
 /// Checks that this user can open [`FUSE_DEVICE`]; the error names it and the fixes.
-pub fn check_fuse_device() -> Result<()> {
+pub(crate) fn check_fuse_device() -> Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     match fs::OpenOptions::new()
         .read(true)
@@ -371,7 +371,7 @@ fn mount_as_root(
 
 /// What the mount table says about one mount.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MountEntry {
+pub(crate) struct MountEntry {
     /// The kernel's mount id (first field of mountinfo): unique among live mounts, so a
     /// daemon can tell its own mount from a newer one at the same path.
     pub id: u64,
@@ -385,14 +385,14 @@ pub struct MountEntry {
 
 impl MountEntry {
     /// Whether this is a shufflefs mount.
-    pub fn is_shufflefs(&self) -> bool {
+    pub(crate) fn is_shufflefs(&self) -> bool {
         self.fstype.starts_with("fuse") && self.source.starts_with(SOURCE_PREFIX)
     }
 }
 
 /// What occupies a mount point.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum MountState {
+pub(crate) enum MountState {
     /// Nothing is mounted there.
     NotMounted,
     /// A working mount.
@@ -403,7 +403,7 @@ pub enum MountState {
 
 /// Absolute form of `path`, resolving symbolic links but never calling `stat` on the mount
 /// point itself (a dead FUSE mount answers `ENOTCONN`, where `canonicalize` fails).
-pub fn absolute_mountpoint(path: &Path) -> Result<PathBuf> {
+pub(crate) fn absolute_mountpoint(path: &Path) -> Result<PathBuf> {
     let mut path = path.to_path_buf();
     for _ in 0..40 {
         let Some(name) = path.file_name().map(|n| n.to_os_string()) else {
@@ -444,13 +444,13 @@ pub fn absolute_mountpoint(path: &Path) -> Result<PathBuf> {
 }
 
 /// The top mount at `mountpoint` (absolute) in /proc/self/mountinfo, if any.
-pub fn find_mount(mountpoint: &Path) -> Result<Option<MountEntry>> {
+pub(crate) fn find_mount(mountpoint: &Path) -> Result<Option<MountEntry>> {
     // The last match is the top of a stack of mounts.
     Ok(mount_stack(mountpoint)?.pop())
 }
 
 /// Every mount at `mountpoint` (absolute), bottom first.
-pub fn mount_stack(mountpoint: &Path) -> Result<Vec<MountEntry>> {
+pub(crate) fn mount_stack(mountpoint: &Path) -> Result<Vec<MountEntry>> {
     let table = fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| Error::io("/proc/self/mountinfo", e))?;
     let target = mountpoint.as_os_str().as_encoded_bytes();
@@ -482,7 +482,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Inspects what is mounted at `mountpoint` (absolute) and whether a FUSE mount's daemon is
 /// alive.
-pub fn mount_state(mountpoint: &Path) -> Result<MountState> {
+pub(crate) fn mount_state(mountpoint: &Path) -> Result<MountState> {
     let Some(entry) = find_mount(mountpoint)? else {
         return Ok(MountState::NotMounted);
     };
@@ -551,7 +551,7 @@ fn unescape(field: &str) -> Vec<u8> {
 /// Resolves the mount point, clears a stale FUSE mount left by a killed daemon, and refuses
 /// to mount over a live shufflefs mount unless `on_top` (the new mount then hides it until
 /// unmounted). Returns the absolute mount point.
-pub fn prepare_mountpoint(mountpoint: &Path, on_top: bool) -> Result<PathBuf> {
+pub(crate) fn prepare_mountpoint(mountpoint: &Path, on_top: bool) -> Result<PathBuf> {
     let abs = absolute_mountpoint(mountpoint)?;
     match mount_state(&abs)? {
         MountState::NotMounted => {}
@@ -635,7 +635,7 @@ pub fn detach(mountpoint: &Path) -> Result<()> {
 /// busy, or a lazy detach when `lazy`. Before a plain unmount the daemon is asked to stop its
 /// prefill stores ([`QUIESCE_NAME`]), which look files up through the mount and would make it
 /// busy; they start again if the unmount fails.
-pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<()> {
+pub(crate) fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<()> {
     let abs = absolute_mountpoint(mountpoint)?;
     // Decide from the mount table alone: probing a hung daemon would hang here too.
     let entry = match find_mount(&abs)? {

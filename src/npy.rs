@@ -12,11 +12,11 @@
 use crate::error::{Error, Result};
 
 /// The magic string that opens every `.npy` file.
-pub const MAGIC: &[u8; 6] = b"\x93NUMPY";
+pub(crate) const MAGIC: &[u8; 6] = b"\x93NUMPY";
 
 /// "The total of len(magic string) + 2 + len(length) + HEADER_LEN must be evenly divisible by
 /// 64 for alignment purposes" (numpy's format spec). numpy calls it `ARRAY_ALIGN`.
-pub const ALIGN: usize = 64;
+pub(crate) const ALIGN: usize = 64;
 
 /// numpy's `GROWTH_AXIS_MAX_DIGITS`: room reserved so `shape[0]` can grow to 21 digits.
 const GROWTH_AXIS_MAX_DIGITS: usize = 21;
@@ -63,7 +63,7 @@ pub fn header(descr: &str, shape: &[u64]) -> Result<Vec<u8>> {
 
 /// What an input `.npy` header says.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Header {
+pub(crate) struct Header {
     /// The dtype string (`<u4`); structured dtypes are returned as their raw literal.
     pub descr: String,
     /// Whether the data is in Fortran order.
@@ -76,7 +76,7 @@ pub struct Header {
 
 /// Parses a `.npy` header from the first bytes of a file (versions 1.0, 2.0 and 3.0). `bytes`
 /// must hold at least the whole header; 64 KiB plus 12 bytes always suffices for v1.0.
-pub fn parse_header(bytes: &[u8]) -> Result<Header> {
+pub(crate) fn parse_header(bytes: &[u8]) -> Result<Header> {
     let bad = |why: &str| Error::invalid(format!("not a valid .npy file: {why}"));
     if bytes.len() < 10 || &bytes[..6] != MAGIC {
         return Err(bad("missing \\x93NUMPY magic"));

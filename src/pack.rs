@@ -45,7 +45,7 @@ use crate::npy;
 use crate::sniff::{self, Kind};
 
 /// Default shard size bound: 1 GiB.
-pub const DEFAULT_SHARD_SIZE: u64 = 1 << 30;
+pub(crate) const DEFAULT_SHARD_SIZE: u64 = 1 << 30;
 
 /// Copy buffer size: large enough to stream at disk speed, small enough to stay cheap.
 const CHUNK: usize = 8 << 20;
@@ -88,7 +88,7 @@ impl Default for PackOptions {
 
 /// Parses a byte size: a number with an optional binary suffix (`K`/`KiB`, `M`/`MiB`,
 /// `G`/`GiB`, `T`/`TiB`, case-insensitive) or `B`.
-pub fn parse_size(text: &str) -> Result<u64> {
+pub(crate) fn parse_size(text: &str) -> Result<u64> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, suffix) = t.split_at(split);

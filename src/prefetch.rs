@@ -32,7 +32,7 @@ use crate::error::Result;
 use crate::plan::{Plan, StepKey};
 
 /// Assembles one whole step file into the buffer (exactly its size).
-pub type Render = dyn Fn(StepKey, &mut [u8]) -> Result<()> + Send + Sync;
+pub(crate) type Render = dyn Fn(StepKey, &mut [u8]) -> Result<()> + Send + Sync;
 
 /// Prefetch settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,7 +61,7 @@ impl Default for PrefetchConfig {
 /// Most steps a hint looks ahead, whatever the configured depth (`--prefetch-depth` is bounded
 /// to it as well): the work of one hint, under the prefetcher's lock, and the queue stay
 /// bounded. Deeper would only evict prefetched steps before they are read.
-pub const MAX_DEPTH: u64 = 1024;
+pub(crate) const MAX_DEPTH: u64 = 1024;
 
 /// How many recently read steps the prefetcher remembers, node-wide: steps within that many
 /// reads of their reading are not prefetched again (a job restarted from an earlier checkpoint
@@ -120,7 +120,7 @@ pub trait Prefill: Send + Sync {
 /// daemon, which hears of it only at every trigger step (one every `depth / 2`), so the window
 /// must be long for reads to stay ahead: 1 READ per 24 steps, ~96% of step files served by
 /// the kernel alone.
-pub const PREFILL_DEPTH: u64 = 48;
+pub(crate) const PREFILL_DEPTH: u64 = 48;
 
 impl Shared {
     /// The prefetch depth: deeper with prefill; never beyond [`MAX_DEPTH`].
@@ -384,7 +384,7 @@ impl Prefetcher {
 /// (it still lowers the latency of each read). Driven by the reads themselves: no thread, no
 /// timer; [`Governor::tick`] takes the time as an argument, so tests need no clock.
 #[derive(Clone, Debug)]
-pub struct Governor {
+pub(crate) struct Governor {
     phase: Phase,
     started: Instant,
     last: Instant,
@@ -408,17 +408,17 @@ enum Phase {
 
 impl Governor {
     /// Time between experiments, at first and after prefetch lost one.
-    pub const PERIOD: Duration = Duration::from_secs(5);
+    pub(crate) const PERIOD: Duration = Duration::from_secs(5);
     /// Longest time between experiments.
-    pub const MAX_PERIOD: Duration = Duration::from_secs(80);
+    pub(crate) const MAX_PERIOD: Duration = Duration::from_secs(80);
     /// Reading time of each half of an experiment.
-    pub const PROBE: Duration = Duration::from_millis(250);
+    pub(crate) const PROBE: Duration = Duration::from_millis(250);
     /// A pause between two reads counts as reading time up to this long (longer pauses are
     /// mostly idle time).
-    pub const GAP: Duration = Duration::from_millis(50);
+    pub(crate) const GAP: Duration = Duration::from_millis(50);
 
     /// Starts with prefetch on, first experiment after one period.
-    pub fn new(now: Instant) -> Governor {
+    pub(crate) fn new(now: Instant) -> Governor {
         Governor {
             phase: Phase::Steady,
             started: now,
@@ -433,7 +433,7 @@ impl Governor {
 
     /// Records one read at `now`; returns whether prefetch is on, and whether this read just
     /// decided to pause it for a period.
-    pub fn tick(&mut self, now: Instant) -> (bool, bool) {
+    pub(crate) fn tick(&mut self, now: Instant) -> (bool, bool) {
         let since_last = now.saturating_duration_since(self.last).min(Self::GAP);
         self.last = now;
         let mut paused = false;
@@ -474,7 +474,7 @@ impl Governor {
     }
 
     /// Whether prefetch is on.
-    pub fn is_on(&self) -> bool {
+    pub(crate) fn is_on(&self) -> bool {
         self.on
     }
 }

@@ -58,20 +58,20 @@ use crate::dtype::ScalarType;
 use crate::npy;
 
 /// Bytes of an llm.c shard header (256 little-endian int32 words).
-pub const LLMC_HEADER: u64 = 1024;
+pub(crate) const LLMC_HEADER: u64 = 1024;
 
 /// llm.c token shards pack reads: (magic, version, token type).
-pub const LLMC: [(u32, u32, ScalarType); 2] = [
+pub(crate) const LLMC: [(u32, u32, ScalarType); 2] = [
     (20_240_520, 1, ScalarType::U16),
     (20_240_801, 7, ScalarType::U32),
 ];
 
 /// Bytes read from the start and from the end of a file to recognise it.
-pub const PROBE: usize = (64 << 10) + 64;
+pub(crate) const PROBE: usize = (64 << 10) + 64;
 
 /// What pack reads from a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// Headerless little-endian records: the whole file (nanoGPT `train.bin`, Megatron-LM
     /// `.bin`, datatrove `.ds`).
     Raw,
@@ -94,7 +94,7 @@ pub enum Kind {
 
 impl Kind {
     /// The name the manifest records for a shard referenced in place (`source_format`).
-    pub fn source_format(&self) -> &'static str {
+    pub(crate) fn source_format(&self) -> &'static str {
         match self {
             Kind::Raw => "raw",
             Kind::Npy => "npy",
@@ -106,7 +106,7 @@ impl Kind {
 
 /// A file that does not hold token records.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     /// What the file is (for a format in the tables: "..., not token ids").
     pub what: String,
     /// What to do instead.
@@ -117,7 +117,7 @@ pub struct Refusal {
 
 /// What is known of a file when it is sniffed.
 #[derive(Clone, Copy, Debug)]
-pub struct Probe<'a> {
+pub(crate) struct Probe<'a> {
     /// The file name, as given (not lowercased).
     pub name: &'a str,
     /// The first bytes (up to [`PROBE`]).
@@ -148,7 +148,7 @@ impl Probe<'_> {
 }
 
 /// One recognisable format that is not token records.
-pub struct Known {
+pub(crate) struct Known {
     /// Whether the file is this format.
     pub test: fn(&Probe<'_>) -> bool,
     /// What it is, as the refusal names it.
@@ -167,7 +167,7 @@ fn table_todo(read: &str) -> String {
 
 /// Formats recognised with certainty (magic numbers with structure, or datatrove's names).
 /// Checked first, in this order.
-pub const KNOWN: &[Known] = &[
+pub(crate) const KNOWN: &[Known] = &[
     Known {
         test: |p| p.len >= 12 && p.starts(b"PAR1") && (p.ends(b"PAR1") || p.ends(b"PARE")),
         what: |_| "parquet table".into(),
@@ -295,7 +295,7 @@ pub const KNOWN: &[Known] = &[
 
 /// Formats recognised by a heuristic (text where token ids belong): checked after the token
 /// formats; `--force` packs such a file anyway.
-pub const HEURISTIC: &[Known] = &[
+pub(crate) const HEURISTIC: &[Known] = &[
     Known {
         test: |p| {
             text_start(p).is_some_and(|t| t.starts_with('{'))
@@ -425,7 +425,7 @@ fn text_start<'a>(p: &Probe<'a>) -> Option<&'a str> {
 }
 
 /// Recognises a file from its name, head, tail and size (see the module docs).
-pub fn sniff(p: &Probe<'_>) -> std::result::Result<Kind, Refusal> {
+pub(crate) fn sniff(p: &Probe<'_>) -> std::result::Result<Kind, Refusal> {
     let refuse = |k: &Known, heuristic| Refusal {
         what: format!("{}, not token ids", (k.what)(p)),
         todo: (k.todo)(p),
@@ -510,7 +510,7 @@ fn llmc(p: &Probe<'_>) -> Option<std::result::Result<Kind, Refusal>> {
 }
 
 /// Reads the head and tail of `file` (size `len`) and sniffs it ([`sniff`]).
-pub fn sniff_file(
+pub(crate) fn sniff_file(
     path: &Path,
     file: &File,
     len: u64,
@@ -538,19 +538,19 @@ fn read_at(file: &File, offset: u64, n: usize) -> io::Result<Vec<u8>> {
 }
 
 /// Sampled bytes at most: the whole records of a smaller input.
-pub const SAMPLE_BYTES: u64 = 2 << 20;
+pub(crate) const SAMPLE_BYTES: u64 = 2 << 20;
 /// Windows sampled from a larger input.
-pub const WINDOWS: u64 = 16;
+pub(crate) const WINDOWS: u64 = 16;
 /// Bytes per window.
-pub const WINDOW: u64 = SAMPLE_BYTES / WINDOWS;
+pub(crate) const WINDOW: u64 = SAMPLE_BYTES / WINDOWS;
 /// Values above this are beyond any vocabulary (2^19).
-pub const BEYOND_VOCAB: i128 = 1 << 19;
+pub(crate) const BEYOND_VOCAB: i128 = 1 << 19;
 /// Fewest groups or values the width check judges.
 const MIN_SAMPLES: u64 = 256;
 
 /// The `(offset, length)` windows sampled from `bytes` bytes of records (offsets relative to
 /// the first record): deterministic, 8-byte aligned, at most [`SAMPLE_BYTES`] in all.
-pub fn sample_windows(bytes: u64) -> Vec<(u64, u64)> {
+pub(crate) fn sample_windows(bytes: u64) -> Vec<(u64, u64)> {
     if bytes <= SAMPLE_BYTES {
         return vec![(0, bytes)];
     }
@@ -561,7 +561,7 @@ pub fn sample_windows(bytes: u64) -> Vec<(u64, u64)> {
 
 /// Why an input looks like tokens of another width.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WidthGuess {
+pub(crate) struct WidthGuess {
     /// The token type the data looks like.
     pub looks_like: ScalarType,
     /// What the sample showed, for the message.
@@ -608,7 +608,7 @@ fn percent(n: u64, of: u64) -> String {
 
 /// Checks sampled record bytes (whole windows, see [`sample_windows`]) against `declared`:
 /// `Some` when they look like tokens of another width (the module docs give the rule).
-pub fn width_of_samples(samples: &[Vec<u8>], declared: ScalarType) -> Option<WidthGuess> {
+pub(crate) fn width_of_samples(samples: &[Vec<u8>], declared: ScalarType) -> Option<WidthGuess> {
     let s = declared.size();
     // Wider: in groups of k values, the values after the first are the high part of one
     // wider token: small, or (positional-like data) nearly constant while the first varies.
@@ -711,7 +711,7 @@ fn narrower(samples: &[Vec<u8>], t: ScalarType) -> Option<(u64, u64)> {
 
 /// Samples `bytes` bytes of records at `offset` of `file` and checks them against `declared`
 /// ([`width_of_samples`]).
-pub fn width(
+pub(crate) fn width(
     file: &File,
     offset: u64,
     bytes: u64,

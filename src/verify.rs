@@ -26,7 +26,7 @@ const CHUNK: usize = 8 << 20;
 
 /// One problem found.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Problem {
+pub(crate) struct Problem {
     /// The file at fault.
     pub path: PathBuf,
     /// What is wrong.
@@ -35,7 +35,7 @@ pub struct Problem {
 
 /// What `verify` found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// Shards checked.
     pub shards: u64,
     /// Bytes read (shards, checksum and document files).
@@ -50,7 +50,7 @@ pub struct Report {
 
 /// Options of [`verify`].
 #[derive(Clone, Copy, Debug, Default)]
-pub struct VerifyOptions {
+pub(crate) struct VerifyOptions {
     /// Add checksum files to shards without them, and rewrite the manifest.
     pub write_checksums: bool,
 }
@@ -71,7 +71,7 @@ fn scan(file: &Shard, report: &mut Report, mut f: impl FnMut(&[u8])) -> Result<(
 
 /// Verifies the dataset in `dir` (see the module docs). `progress` is called after each shard
 /// with (shards done, shards total).
-pub fn verify(
+pub(crate) fn verify(
     dir: &Path,
     options: VerifyOptions,
     mut progress: impl FnMut(u64, u64),

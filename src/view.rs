@@ -801,7 +801,7 @@ impl View {
 }
 
 /// Size of what `write` produces, computed by writing into a counter (no allocation).
-pub fn json_len(write: impl FnOnce(&mut Counter) -> Result<()>) -> Result<u64> {
+pub(crate) fn json_len(write: impl FnOnce(&mut Counter) -> Result<()>) -> Result<u64> {
     let mut c = Counter(0);
     write(&mut c)?;
     Ok(c.0)
@@ -809,7 +809,7 @@ pub fn json_len(write: impl FnOnce(&mut Counter) -> Result<()>) -> Result<u64> {
 
 /// Appends bytes `[offset, offset + size)` of what `write` produces to `out`, stopping the
 /// writer as soon as the range is complete.
-pub fn json_range(
+pub(crate) fn json_range(
     offset: u64,
     size: u32,
     out: &mut Vec<u8>,
@@ -936,7 +936,7 @@ fn hash_text(text: &str) -> String {
 
 /// Counts bytes written.
 #[derive(Debug)]
-pub struct Counter(u64);
+pub(crate) struct Counter(u64);
 
 impl Write for Counter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -950,7 +950,7 @@ impl Write for Counter {
 
 /// Keeps the bytes of `[start, end)` of what is written, and stops the writer once past it.
 #[derive(Debug)]
-pub struct RangeWriter<'a> {
+pub(crate) struct RangeWriter<'a> {
     pos: u64,
     start: u64,
     end: u64,

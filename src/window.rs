@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 
 /// The window geometry over a stream of `n_records` records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Windows {
+pub(crate) struct Windows {
     n_records: u64,
     window: u64,
     stride: u64,
@@ -21,7 +21,7 @@ pub struct Windows {
 
 impl Windows {
     /// Validates and builds the geometry.
-    pub fn new(n_records: u64, window: u64, stride: u64, itemsize: u64) -> Result<Windows> {
+    pub(crate) fn new(n_records: u64, window: u64, stride: u64, itemsize: u64) -> Result<Windows> {
         if window == 0 {
             return Err(Error::invalid("--window must be at least 1"));
         }
@@ -43,7 +43,7 @@ impl Windows {
     }
 
     /// Number of complete windows in the stream.
-    pub fn n_observations(&self) -> u64 {
+    pub(crate) fn n_observations(&self) -> u64 {
         if self.n_records < self.window {
             0
         } else {
@@ -51,28 +51,18 @@ impl Windows {
         }
     }
 
-    /// Records per window.
-    pub fn window(&self) -> u64 {
-        self.window
-    }
-
-    /// Records between window starts.
-    pub fn stride(&self) -> u64 {
-        self.stride
-    }
-
     /// Bytes per window (one row of a step file).
-    pub fn row_bytes(&self) -> u64 {
+    pub(crate) fn row_bytes(&self) -> u64 {
         self.window * self.itemsize
     }
 
     /// First record of observation `i`.
-    pub fn first_record(&self, observation: u64) -> u64 {
+    pub(crate) fn first_record(&self, observation: u64) -> u64 {
         observation * self.stride
     }
 
     /// Stream byte offset of observation `i`.
-    pub fn byte_offset(&self, observation: u64) -> u64 {
+    pub(crate) fn byte_offset(&self, observation: u64) -> u64 {
         self.first_record(observation) * self.itemsize
     }
 }

@@ -18,7 +18,7 @@ use crate::prefetch::PREFILL_DEPTH;
 use crate::view::{View, ViewConfig};
 
 /// Runs `bench`.
-pub fn run(args: BenchArgs) -> Result<()> {
+pub(crate) fn run(args: BenchArgs) -> Result<()> {
     let view = View::open(&args.dataset_dir, &ViewConfig::from(&args.plan))?;
     if args.source == BenchSource::Permutation {
         return bench_permutation(&view, args.files);

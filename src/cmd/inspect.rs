@@ -5,7 +5,7 @@ use crate::dataset::Dataset;
 use crate::error::Result;
 
 /// Runs `inspect`.
-pub fn run(args: InspectArgs) -> Result<()> {
+pub(crate) fn run(args: InspectArgs) -> Result<()> {
     let ds = Dataset::open(&args.dataset_dir)?;
     let m = ds.manifest();
     if args.json {

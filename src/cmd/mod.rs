@@ -8,14 +8,14 @@ macro_rules! say {
     }};
 }
 
-pub mod bench;
-pub mod inspect;
-pub mod mount;
-pub mod pack;
-pub mod plan;
-pub mod synth;
-pub mod unmount;
-pub mod verify;
+pub(crate) mod bench;
+pub(crate) mod inspect;
+pub(crate) mod mount;
+pub(crate) mod pack;
+pub(crate) mod plan;
+pub(crate) mod synth;
+pub(crate) mod unmount;
+pub(crate) mod verify;
 
 use crate::cli::{Command, ModeArg, PlanOptions};
 use crate::error::Result;

@@ -64,7 +64,7 @@ fn parse_mode(flag: &str, text: &str) -> Result<u16> {
 }
 
 /// Runs `mount`.
-pub fn run(command: MountArgs) -> Result<()> {
+pub(crate) fn run(command: MountArgs) -> Result<()> {
     let MountArgs {
         dataset_dir,
         mountpoint,

@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::pack::{PackOptions, pack, pack_in_place, parse_size};
 
 /// Runs `pack`.
-pub fn run(args: PackArgs) -> Result<()> {
+pub(crate) fn run(args: PackArgs) -> Result<()> {
     let doc_sep = args
         .doc_sep
         .as_deref()

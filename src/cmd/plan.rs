@@ -12,7 +12,7 @@ use crate::plan::StepKey;
 use crate::view::{View, ViewConfig};
 
 /// Runs `plan`.
-pub fn run(args: PlanArgs) -> Result<()> {
+pub(crate) fn run(args: PlanArgs) -> Result<()> {
     let config = ViewConfig {
         max_listing: args.mount.max_listing,
         ..ViewConfig::from(&args.plan)

@@ -6,7 +6,7 @@ use crate::error::Result;
 use crate::pack::write_positional;
 
 /// Runs `synth`.
-pub fn run(args: SynthArgs) -> Result<()> {
+pub(crate) fn run(args: SynthArgs) -> Result<()> {
     let dtype = ScalarType::from_name(&args.dtype)?;
     write_positional(&args.output, dtype, args.tokens)?;
     say!(

@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::mount::unmount_path;
 
 /// Runs `unmount`.
-pub fn run(args: UnmountArgs) -> Result<()> {
+pub(crate) fn run(args: UnmountArgs) -> Result<()> {
     unmount_path(&args.mountpoint, args.lazy)?;
     say!("unmounted {}", args.mountpoint.display());
     Ok(())

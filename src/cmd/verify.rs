@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::verify::{VerifyOptions, verify};
 
 /// Runs `verify`.
-pub fn run(args: VerifyArgs) -> Result<()> {
+pub(crate) fn run(args: VerifyArgs) -> Result<()> {
     let bar = (!args.no_progress && !args.json && std::io::stderr().is_terminal()).then(|| {
         let bar = indicatif::ProgressBar::new(0);
         bar.set_style(
