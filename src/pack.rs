@@ -34,15 +34,16 @@ use log::debug;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::checksum::{self, BlockSums};
-use crate::dtype::{RecordType, ScalarType};
 use crate::error::{Error, Result};
+use crate::format::checksum::{self, BlockSums};
+use crate::format::docfiles::{DocFile, DocRecord, ENTRY_HEADER, Entry};
+use crate::format::dtype::{RecordType, ScalarType};
+use crate::format::npy;
+use crate::format::sniff::{self, Kind};
 use crate::format::{
     self, ContentHasher, FORMAT_NAME, MANIFEST, Manifest, ShardChecksums, ShardDocs, ShardEntry,
     VERSION, shard_name,
 };
-use crate::npy;
-use crate::sniff::{self, Kind};
 
 /// Default shard size bound: 1 GiB.
 pub(crate) const DEFAULT_SHARD_SIZE: u64 = 1 << 30;
@@ -403,7 +404,7 @@ pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Man
                 dir.display()
             )));
         }
-        crate::dataset::read_manifest(dir).ok().map(|(m, _)| m)
+        crate::storage::read_manifest(dir).ok().map(|(m, _)| m)
     } else {
         None
     };
@@ -830,7 +831,7 @@ impl Writer {
             let stem = name.trim_end_matches(".bin").to_string();
             let (tmp, file) = self.create(&name)?;
             let docs = if self.has_docs {
-                let names = ["ids", "idx", "meta", "docs"].map(|ext| format!("{stem}.{ext}"));
+                let names = DocFile::ALL.map(|f| format!("{stem}.{}", f.ext()));
                 let mut files = Vec::new();
                 let mut tmps = Vec::new();
                 for n in &names {
@@ -933,10 +934,9 @@ impl Writer {
         let shard = self.current.as_mut().expect("open shard");
         let docs = shard.docs.as_mut().expect("document shard");
         let id = docs.entries as u32;
-        let mut bytes = Vec::with_capacity(16 + meta.len());
-        bytes.extend_from_slice(&doc.to_le_bytes());
-        bytes.extend_from_slice(&entry.to_le_bytes());
-        bytes.extend_from_slice(meta.as_bytes());
+        let mut bytes = Vec::with_capacity(ENTRY_HEADER as usize + meta.len());
+        let meta = meta.as_bytes();
+        Entry { doc, entry, meta }.encode(&mut bytes);
         let offset = docs.meta_bytes.to_le_bytes();
         docs.index
             .write_all(&offset)
@@ -1001,10 +1001,13 @@ impl Writer {
     fn end_doc(&mut self) -> Result<()> {
         let doc = self.doc.take().expect("an open document");
         let (start, shard_index, entry) = doc.start.expect("documents are not empty");
-        let mut rec = Vec::with_capacity(format::DOC_RECORD as usize);
-        rec.extend_from_slice(&start.to_le_bytes());
-        rec.extend_from_slice(&(self.next_record - start).to_le_bytes());
-        rec.extend_from_slice(&u64::from(entry).to_le_bytes());
+        let rec = DocRecord {
+            start,
+            len: self.next_record - start,
+            entry: u64::from(entry),
+        }
+        .encode()
+        .to_vec();
         match self.current.as_mut().filter(|s| s.index == shard_index) {
             Some(shard) => {
                 let docs = shard.docs.as_mut().expect("document shard");
@@ -1340,7 +1343,7 @@ fn reference_in_place(
         Some(rel) => rel.to_string(),
         None => abs.to_str().expect("checked UTF-8").to_string(),
     };
-    let mtime = crate::dataset::mtime_ns(&meta);
+    let mtime = crate::storage::mtime_ns(&meta);
     Ok(ShardEntry {
         in_place_guard: Some(format::in_place_guard(&path, bytes, mtime, &hash)),
         hash,

@@ -16,9 +16,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::checksum::{self, BlockSums};
 use crate::dataset::{Dataset, Shard};
 use crate::error::{Error, Result};
+use crate::format::checksum::{self, BlockSums};
+use crate::format::docfiles::DocFile;
 use crate::format::{self, ContentHasher, MANIFEST, ShardChecksums, VERSION};
 
 /// Bytes read per call while verifying.
@@ -194,14 +195,15 @@ pub(crate) fn verify(
             let mut hashes = Vec::new();
             let mut index = Vec::new();
             let mut doc_blocks = Vec::new();
-            for (k, file) in [&d.ids, &d.index, &d.meta, &d.docs].into_iter().enumerate() {
+            for which in DocFile::ALL {
+                let file = d.file(which);
                 let mut h = ContentHasher::new();
                 let mut blocks = BlockSums::with_block(checksum::DOC_BLOCK);
                 let mut scanned = Report::default();
                 let r = scan(file, &mut scanned, |b| {
                     h.update(b);
                     blocks.update(b);
-                    if k == 1 {
+                    if which == DocFile::Index {
                         index.extend_from_slice(b);
                     }
                 });
@@ -252,7 +254,7 @@ pub(crate) fn verify(
                 .unwrap_or_default();
             if format::format_hash(h.finish()) != want {
                 report.problems.push(report_problem(
-                    d.ids.path(),
+                    d.file(DocFile::Ids).path(),
                     format!(
                         "the document files of this shard (.ids .idx .meta .docs) do not hash \
                          to the manifest's {want}: one changed after packing; re-run \
@@ -265,9 +267,12 @@ pub(crate) fn verify(
                 .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
                 .collect();
             let monotonic = offsets.windows(2).all(|w| w[1] >= w[0].saturating_add(16));
-            if offsets.first() != Some(&0) || offsets.last() != Some(&d.meta.len()) || !monotonic {
+            if offsets.first() != Some(&0)
+                || offsets.last() != Some(&d.file(DocFile::Meta).len())
+                || !monotonic
+            {
                 report.problems.push(report_problem(
-                    d.index.path(),
+                    d.file(DocFile::Index).path(),
                     "entry offsets do not start at 0, increase by at least 16 and end at the \
                      size of the .meta file: the document files are corrupt; re-run `shufflefs \
                      pack`"

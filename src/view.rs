@@ -16,11 +16,11 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::dataset::{Dataset, Span, SpanShape};
-use crate::dtype::RecordType;
 use crate::error::{Error, Result};
 use crate::feistel;
+use crate::format::dtype::RecordType;
+use crate::format::npy;
 use crate::format::{self, ContentHasher};
-use crate::npy;
 use crate::plan::{Plan, StepKey};
 use crate::window::Windows;
 
@@ -218,7 +218,7 @@ impl From<crate::dataset::Document> for DocRow {
         DocRow {
             start: d.start,
             len: d.len,
-            meta: d.meta,
+            meta: d.meta.to_string(),
         }
     }
 }
@@ -651,7 +651,11 @@ impl View {
                     .observations(key)
                     .map(|o| {
                         if measure {
-                            self.dataset.document_for_size(o).map(DocRow::from)
+                            self.dataset.document_shape(o).map(|d| DocRow {
+                                start: d.start,
+                                len: d.len,
+                                meta: " ".repeat(d.meta_len as usize),
+                            })
                         } else {
                             self.doc_row(o)
                         }
@@ -1002,7 +1006,7 @@ mod tests {
                             end: values[(k + 2 * i + 1) % values.len()],
                             doc: values[(k + 3 * i + 2) % values.len()],
                             entry: 0,
-                            meta: metas[(k + i) % metas.len()].to_string(),
+                            meta: crate::dataset::Meta::new(metas[(k + i) % metas.len()]),
                         })
                         .collect();
                     let shapes: Vec<SpanShape> = spans

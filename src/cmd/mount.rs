@@ -20,12 +20,12 @@ use nix::unistd::{ForkResult, fork, setsid};
 
 use crate::cli::MountArgs;
 use crate::error::{Error, Result};
-use crate::fdpool::DEFAULT_MAX_OPEN;
 use crate::fs::ShuffleFs;
 use crate::fuse::Ownership;
 use crate::logging;
 use crate::mount::{MountOptions, default_threads, mount, prepare_mountpoint};
 use crate::prefetch::PrefetchConfig;
+use crate::storage::fdpool::DEFAULT_MAX_OPEN;
 use crate::view::{View, ViewConfig};
 
 /// More FUSE workers than this only add contention (the kernel serves one queue).

@@ -30,7 +30,7 @@
 //! readable by every user (mode `o+r`, and `o+x` on every directory of its path), or the mount
 //! is refused.
 //!
-//! Independent of owners, `dataset.rs` refuses anything but regular files, symbolic links as
+//! Independent of owners, `local.rs` refuses anything but regular files, symbolic links as
 //! the last component, and files of pseudo filesystems (`/proc`, `/sys`, ...).
 
 use std::collections::HashMap;

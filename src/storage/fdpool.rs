@@ -9,7 +9,7 @@
 //! time. A file deleted since fails with its open error (`ENOENT`, served as `EIO`); one
 //! replaced (renamed over, rewritten with another size or mtime) fails with `ESTALE`. Either
 //! way no byte of another file is ever served. A dataset that fits the bound keeps every
-//! descriptor open for the life of the mount, with no lock on the read path (`dataset.rs`
+//! descriptor open for the life of the mount, with no lock on the read path (`local.rs`
 //! decides). A reopened shard gets the same `POSIX_FADV_RANDOM` advice as at mount (the advice
 //! belongs to the open file, not the inode).
 
@@ -23,8 +23,9 @@ use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 
-use crate::access::{OpenError, Opener};
-use crate::dataset::ReadAt;
+use super::ReadAt;
+use super::access::{OpenError, Opener};
+use super::local::{advise_random, listed_open_error, mtime_ns};
 
 /// Open descriptors kept by default (`--max-open-shards`): shards, checksum and document files
 /// all count.
@@ -46,7 +47,7 @@ impl Identity {
             dev: meta.dev(),
             ino: meta.ino(),
             size: meta.len(),
-            mtime_ns: crate::dataset::mtime_ns(meta),
+            mtime_ns: mtime_ns(meta),
         }
     }
 }
@@ -108,17 +109,6 @@ pub(crate) struct PinnedFile {
     opener: Arc<Opener>,
 }
 
-/// Tells the kernel not to read ahead around reads of `file` (shard reads are random).
-/// Advisory: a failure is harmless.
-pub(crate) fn advise_random(file: &File) {
-    let _ = nix::fcntl::posix_fadvise(
-        file,
-        0,
-        0,
-        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_RANDOM,
-    );
-}
-
 impl PinnedFile {
     /// Pins `file` (just opened by `opener` and validated at `path`) and hands its descriptor
     /// to `pool`.
@@ -158,7 +148,7 @@ impl PinnedFile {
                     log::Level::Error,
                     format_args!("reopen EACCES {}", self.path.display()),
                     "{}",
-                    crate::dataset::listed_open_error(&self.path, denied)
+                    listed_open_error(&self.path, denied)
                 );
                 io::Error::from_raw_os_error(libc::EACCES)
             }

@@ -1,0 +1,169 @@
+//! Opening a dataset: read and validate the manifest, open every file it lists, and check
+//! each against it before anything is served.
+//!
+//! For each shard: opened as the dataset's principals, a regular file of a real filesystem
+//! (`storage/local.rs`); its size is `offset + bytes`; a version 2-3 in-place shard still has
+//! its mtime at pack, a version 4 one its content identity (`Shard::check_in_place`). Its
+//! checksum file has the size its shard implies and is bound to the hash the manifest records;
+//! its document files have the sizes the manifest implies. Any doubt is an error naming the
+//! file and what to do. Descriptors: at most `max_open` (`--max-open-shards`) stay open, the
+//! others are reopened on demand and must still be the files validated here
+//! (`storage/fdpool.rs`).
+
+use std::path::Path;
+
+use super::Dataset;
+use super::documents::{DocFiles, DocSums};
+use super::shard::Shard;
+use crate::error::{CorruptKind, Error, Result};
+use crate::format::checksum;
+use crate::format::docfiles::{DOC_RECORD, DocFile, ID_BYTES, OFFSET_BYTES};
+use crate::format::{MANIFEST, Manifest, ShardDocs, ShardEntry, parse_hash};
+use crate::storage::fdpool::DEFAULT_MAX_OPEN;
+use crate::storage::{LocalFiles, mtime_ns, read_manifest};
+
+impl Dataset {
+    /// Opens `dir` (see the module docs), keeping at most [`DEFAULT_MAX_OPEN`] descriptors
+    /// open.
+    pub fn open(dir: &Path) -> Result<Dataset> {
+        Dataset::open_bounded(dir, DEFAULT_MAX_OPEN)
+    }
+
+    /// [`Dataset::open`] keeping at most `max_open` file descriptors open.
+    pub fn open_bounded(dir: &Path, max_open: usize) -> Result<Dataset> {
+        Dataset::open_with(dir, max_open, false)
+    }
+
+    /// [`Dataset::open_bounded`] for a mount that other users may read (`allow_other`): a
+    /// non-root daemon then serves only files every user may read when others can choose what
+    /// the dataset names (`storage/access.rs`).
+    pub(crate) fn open_with(dir: &Path, max_open: usize, allow_other: bool) -> Result<Dataset> {
+        let dir = &dir.canonicalize().map_err(|e| Error::io(dir, e))?;
+        let (manifest, manifest_meta) = read_manifest(dir)?;
+        let files = LocalFiles::new(
+            dir,
+            &manifest_meta,
+            allow_other,
+            listed_files(&manifest),
+            max_open,
+        )?;
+        let shards = manifest
+            .shards
+            .iter()
+            .map(|entry| open_shard(dir, &manifest, entry, &files))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Dataset::from_parts(dir.to_path_buf(), manifest, shards))
+    }
+}
+
+/// How many files the manifest lists: shards, checksum and document files.
+fn listed_files(manifest: &Manifest) -> usize {
+    manifest
+        .shards
+        .iter()
+        .map(|s| {
+            1 + usize::from(s.checksums.is_some())
+                + s.docs
+                    .as_ref()
+                    .map_or(0, |d| 4 + usize::from(d.checksums.is_some()))
+        })
+        .sum()
+}
+
+/// Opens and checks one shard with its checksum and document files.
+fn open_shard(
+    dir: &Path,
+    manifest: &Manifest,
+    entry: &ShardEntry,
+    files: &LocalFiles,
+) -> Result<Shard> {
+    let path = dir.join(&entry.path);
+    let (source, meta) = files.open(&path, "shard", true)?;
+    if let Some(want) = entry.in_place_mtime_ns
+        && manifest.version < 4
+        && mtime_ns(&meta) != want
+    {
+        return Err(Error::dataset(&path, CorruptKind::InPlaceModified));
+    }
+    // Validated: offset + bytes does not overflow.
+    if meta.len() != entry.offset + entry.bytes {
+        let kind = CorruptKind::ShardSize {
+            actual: meta.len(),
+            offset: entry.offset,
+            bytes: entry.bytes,
+        };
+        return Err(Error::dataset(&path, kind));
+    }
+    let mut shard = Shard::new(path, entry.bytes, source).with_offset(entry.offset);
+    if manifest.version >= 4 {
+        shard.check_in_place(entry, mtime_ns(&meta))?;
+    }
+    if let Some(c) = &entry.checksums {
+        let sums = open_file(dir, files, &c.file, checksum::file_len(entry.bytes))?;
+        shard = shard.with_sums(sums.bound_to(hash(&c.hash)));
+    }
+    if let Some(d) = &entry.docs {
+        shard = shard.with_docs(open_docs(dir, files, entry, d)?);
+    }
+    Ok(shard)
+}
+
+/// The value of a hash the manifest's validation checked.
+fn hash(text: &str) -> u64 {
+    parse_hash(text).expect("validated at parse")
+}
+
+/// Opens a checksum or document file, which must be `want` bytes.
+fn open_file(dir: &Path, files: &LocalFiles, name: &str, want: u64) -> Result<Shard> {
+    let path = dir.join(name);
+    let (source, meta) = files.open(&path, "document file", false)?;
+    let len = meta.len();
+    if len != want {
+        let kind = CorruptKind::FileSize {
+            actual: len,
+            expected: want,
+        };
+        return Err(Error::dataset(&path, kind));
+    }
+    Ok(Shard::new(path, len, source))
+}
+
+/// Opens a shard's document files and their checksum file.
+fn open_docs(
+    dir: &Path,
+    files: &LocalFiles,
+    entry: &ShardEntry,
+    d: &ShardDocs,
+) -> Result<DocFiles> {
+    let sizes = (
+        entry.records.checked_mul(ID_BYTES),
+        d.entries
+            .checked_add(1)
+            .and_then(|n| n.checked_mul(OFFSET_BYTES)),
+        d.documents.checked_mul(DOC_RECORD),
+    );
+    let (Some(ids), Some(index), Some(docs)) = sizes else {
+        let kind = CorruptKind::Manifest("document file sizes overflow".into());
+        return Err(Error::dataset(dir.join(MANIFEST), kind));
+    };
+    let mut opened = Vec::with_capacity(DocFile::ALL.len());
+    for which in DocFile::ALL {
+        let (name, want) = match which {
+            DocFile::Ids => (&d.ids, ids),
+            DocFile::Index => (&d.index, index),
+            DocFile::Meta => (&d.meta, d.meta_bytes),
+            DocFile::Docs => (&d.docs, docs),
+        };
+        opened.push(open_file(dir, files, name, want)?);
+    }
+    let docfiles: [Shard; 4] = opened.try_into().expect("four files");
+    let sums = match &d.checksums {
+        None => None,
+        Some(c) => {
+            let lens = docfiles.each_ref().map(Shard::len);
+            let file = open_file(dir, files, &c.file, DocSums::file_len(lens))?;
+            Some(DocSums::new(file.bound_to(hash(&c.hash)), &docfiles))
+        }
+    };
+    Ok(DocFiles::new(docfiles, d.entries, d.documents, sums))
+}
