@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use lru::LruCache;
 use serde::Serialize;
 
-use crate::plan::StepKey;
+use crate::shuffle::plan::StepKey;
 
 struct Entry {
     bytes: Arc<[u8]>,

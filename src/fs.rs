@@ -24,7 +24,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
 use crate::error::{Error, Result};
-use crate::plan::StepKey;
+use crate::shuffle::plan::StepKey;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 
@@ -332,7 +332,7 @@ impl Inodes {
 /// The directories whose number of names grows with the plan, as path patterns, with that
 /// number (every other directory holds one to five names). `info.json` reports those a
 /// bounded listing cuts short.
-pub(crate) fn listing_sizes(plan: &crate::plan::Plan) -> [(&'static str, u64); 6] {
+pub(crate) fn listing_sizes(plan: &crate::shuffle::plan::Plan) -> [(&'static str, u64); 6] {
     let (epochs, observations) = (plan.epochs(), plan.n_observations());
     [
         ("epoch", epochs),

@@ -20,8 +20,8 @@ use log::debug;
 use crate::deadline::DeadlinePool;
 use crate::error::Error;
 use crate::fs::{Access, Attr, DirEntry, DirSink, Kind, Node, ReadData, ShuffleFs};
-use crate::plan::StepKey;
 use crate::prefetch::Prefill;
+use crate::shuffle::plan::{Plan, StepKey};
 
 /// The tree never changes while mounted, so the kernel may cache names and attributes for as
 /// long as it likes.
@@ -146,7 +146,7 @@ pub(crate) struct KernelCache {
     notifier: Notifier,
     mountpoint: PathBuf,
     ino_of: Box<dyn Fn(StepKey) -> u64 + Send + Sync>,
-    steps_per_epoch: u64,
+    plan: Plan,
     stored: Mutex<HashMap<u64, Stored>>,
     counters: PrefillCounters,
     /// Stores in flight, and whether stores are stopped (before an unmount).
@@ -210,7 +210,7 @@ impl KernelCache {
             notifier,
             mountpoint,
             ino_of: fs.step_ino_fn(),
-            steps_per_epoch: fs.view().plan().steps_per_epoch(),
+            plan: fs.view().plan().clone(),
             stored: Mutex::new(HashMap::new()),
             counters: PrefillCounters::default(),
             stores: Mutex::new(Stores::default()),
@@ -245,9 +245,7 @@ impl KernelCache {
     }
 
     fn ordinal(&self, key: StepKey) -> u64 {
-        key.epoch
-            .saturating_mul(self.steps_per_epoch)
-            .saturating_add(key.step)
+        self.plan.global_step(key)
     }
 
     /// A READ of step file `ino` (step `key`) reached the daemon: the reader is at `key`.

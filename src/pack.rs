@@ -1188,7 +1188,7 @@ fn new_pack_id() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let id = crate::feistel::mix(nanos ^ (u64::from(std::process::id()) << 40));
+    let id = crate::shuffle::feistel::mix(nanos ^ (u64::from(std::process::id()) << 40));
     format!("{:08x}", id >> 32)
 }
 

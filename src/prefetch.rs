@@ -29,7 +29,7 @@ use lru::LruCache;
 
 use crate::cache::StepCache;
 use crate::error::Result;
-use crate::plan::{Plan, StepKey};
+use crate::shuffle::plan::{Plan, StepKey};
 
 /// Assembles one whole step file into the buffer (exactly its size).
 pub(crate) type Render = dyn Fn(StepKey, &mut [u8]) -> Result<()> + Send + Sync;
@@ -539,10 +539,7 @@ fn assemble(s: &Shared, key: StepKey) {
         && !read_lately
         && !p.is_stored(key)
     {
-        let ordinal = key
-            .epoch
-            .saturating_mul(s.plan.steps_per_epoch())
-            .saturating_add(key.step);
+        let ordinal = s.plan.global_step(key);
         p.store(
             key,
             bytes,

@@ -17,11 +17,11 @@ use serde::Serialize;
 
 use crate::dataset::{Dataset, Span, SpanShape};
 use crate::error::{Error, Result};
-use crate::feistel;
 use crate::format::dtype::RecordType;
 use crate::format::npy;
 use crate::format::{self, ContentHasher};
-use crate::plan::{Plan, StepKey};
+use crate::shuffle::feistel;
+use crate::shuffle::plan::{Plan, StepKey};
 use crate::window::Windows;
 
 /// What an observation is.
@@ -620,7 +620,7 @@ impl View {
             key.epoch,
             key.rank,
             key.step,
-            key.epoch * self.plan.steps_per_epoch() + key.step
+            self.plan.global_step(key)
         )
         .map_err(io)?;
         write_list(w, self.plan.observations(key)).map_err(io)?;

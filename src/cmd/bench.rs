@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use crate::cli::{BenchArgs, BenchFile, BenchSource};
 use crate::error::{Error, Result};
-use crate::plan::StepKey;
 use crate::prefetch::PREFILL_DEPTH;
+use crate::shuffle::plan::StepKey;
 use crate::view::{View, ViewConfig};
 
 /// Runs `bench`.
@@ -72,7 +72,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
                     let mut first = true;
                     for i in (t..args.files).step_by(readers as usize) {
                         let k = key(i);
-                        let ordinal = k.epoch * plan.steps_per_epoch() + k.step;
+                        let ordinal = plan.global_step(k);
                         let signal =
                             args.prestored && (first || ordinal.is_multiple_of(PREFILL_DEPTH / 2));
                         first = false;

@@ -8,7 +8,7 @@ use std::io::Write;
 
 use crate::cli::PlanArgs;
 use crate::error::{Error, Result};
-use crate::plan::StepKey;
+use crate::shuffle::plan::StepKey;
 use crate::view::{View, ViewConfig};
 
 /// Runs `plan`.

@@ -4,7 +4,7 @@
 //! [`sample_ranges`], with its [`in_place_guard`]) and the path-size-mtime identity of versions
 //! 2-3 ([`in_place_hash`]).
 
-use crate::feistel::mix;
+use crate::shuffle::feistel::mix;
 
 /// Ranges sampled per in-place shard by [`sample_ranges`].
 pub(crate) const SAMPLES: u64 = 16;

@@ -8,13 +8,14 @@
 //! steps_per_epoch = floor(n_observations / G)   (the uneven tail is dropped)
 //! position(step, rank, row) = step*G + row*ranks + rank
 //! observation = perm_epoch(position)
+//! global_step(epoch, step) = epoch*steps_per_epoch + step   (the same for every rank)
 //! ```
 //!
 //! A global batch (all ranks' rows of one step) is the position range `[step*G, (step+1)*G)`,
 //! so it depends only on `G`: changing `ranks` while keeping `G` gives the same global batches.
 
 use crate::error::{Error, Result};
-use crate::feistel::Permutation;
+use crate::shuffle::feistel::Permutation;
 
 /// Identifies one step file: (epoch, rank, step).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -126,6 +127,15 @@ impl Plan {
     /// The permutation of epoch `epoch`.
     pub fn permutation(&self, epoch: u64) -> Permutation {
         Permutation::new(self.n_observations, self.seed, epoch)
+    }
+
+    /// The global step of `key`: the steps of all earlier epochs plus its own (the same for
+    /// every rank). The one place of the formula (`S.json`, prefetch, prefill, `bench`).
+    /// Saturating, so any key has one; a key of the plan never reaches the bound.
+    pub(crate) fn global_step(&self, key: StepKey) -> u64 {
+        key.epoch
+            .saturating_mul(self.steps_per_epoch())
+            .saturating_add(key.step)
     }
 
     /// Position in the shuffled order of `row` of `key`.

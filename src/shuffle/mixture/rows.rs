@@ -1,0 +1,619 @@
+//! Which observation the `j`-th draw from a source is, and the slot of the step it goes to.
+
+use super::*;
+use crate::shuffle::feistel::{Permutation, mix};
+
+/// A stable 64-bit key of a source name: FNV-1a over its UTF-8 bytes, then SplitMix64's mix.
+pub(crate) fn name_key(name: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in name.as_bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    mix(h)
+}
+
+/// The order in which one source's observations are drawn, and its held-out split.
+///
+/// - split (only when `val > 0`): `split = perm(len, key = mix(mix(split_seed ^ DOMAIN_SPLIT) ^
+///   name_key))`, epoch 0; validation observation `i < val` is `split(i)`, training
+///   observation `t < len - val` is `split(val + t)`. It depends on neither the run seed nor the
+///   weights nor the batch, so the held-out set is stable when they change.
+/// - draws: `draw j` is training observation `perm_e(j mod m)`, `e = j div m`, `m = len - val`,
+///   `perm_e = Permutation::new(m, mix(mix(seed ^ DOMAIN_DRAW) ^ name_key), e)`.
+#[derive(Clone, Debug)]
+pub(crate) struct SourceOrder {
+    len: u64,
+    val: u64,
+    key: u64,
+    split: Option<Permutation>,
+}
+
+impl SourceOrder {
+    /// The order of source `name` with `len` observations, `val` of them held out.
+    pub(crate) fn new(
+        name: &str,
+        len: u64,
+        val: u64,
+        seed: u64,
+        split_seed: u64,
+    ) -> Result<SourceOrder> {
+        if val >= len {
+            return Err(MixtureError::new(format!(
+                "source {name:?}: holding out {val} of {len} observations leaves none to train on"
+            )));
+        }
+        let nk = name_key(name);
+        let split =
+            (val > 0).then(|| Permutation::new(len, mix(mix(split_seed ^ DOMAIN_SPLIT) ^ nk), 0));
+        Ok(SourceOrder {
+            len,
+            val,
+            key: mix(mix(seed ^ DOMAIN_DRAW) ^ nk),
+            split,
+        })
+    }
+
+    /// Observations of the source.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the source has no observations (never: [`SourceOrder::new`] refuses).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Observations drawn for training: one source epoch.
+    pub(crate) fn train_len(&self) -> u64 {
+        self.len - self.val
+    }
+
+    /// Held-out observations.
+    pub(crate) fn val_len(&self) -> u64 {
+        self.val
+    }
+
+    /// The permutation of training positions in source epoch `epoch`.
+    pub(crate) fn epoch_permutation(&self, epoch: u64) -> Permutation {
+        Permutation::new(self.train_len(), self.key, epoch)
+    }
+
+    /// Observation id of training position `t` (`< train_len`).
+    pub(crate) fn train_observation(&self, t: u64) -> u64 {
+        match &self.split {
+            Some(p) => p.apply(self.val + t),
+            None => t,
+        }
+    }
+
+    /// The observation of draw `j` (the `j`-th row ever drawn from this source).
+    pub(crate) fn observation(&self, j: u64) -> u64 {
+        let m = self.train_len();
+        self.train_observation(self.epoch_permutation(j / m).apply(j % m))
+    }
+
+    /// Observation id of validation row `i` (`< val_len`).
+    pub(crate) fn val_observation(&self, i: u64) -> u64 {
+        self.split.as_ref().expect("no held-out split").apply(i)
+    }
+
+    /// Whether observation `obs` is held out.
+    pub(crate) fn is_val(&self, obs: u64) -> bool {
+        self.split
+            .as_ref()
+            .is_some_and(|p| p.invert(obs) < self.val)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The mixture: counts, draws and slots together
+// ---------------------------------------------------------------------------------------------
+
+/// One source of a mixture.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SourceSpec {
+    /// Unique name (its draw and split keys derive from it).
+    pub name: String,
+    /// Observations in the source.
+    pub len: u64,
+    /// Observations held out for validation.
+    pub val: u64,
+}
+
+/// A mixture plan: sources, their schedule, the seeds.
+#[derive(Debug)]
+pub(crate) struct Mixture {
+    specs: Vec<SourceSpec>,
+    orders: Vec<SourceOrder>,
+    counter: Counter,
+    seed: u64,
+    split_seed: u64,
+    slot_key: u64,
+    /// Source indices by canonical rank (name order): the layout order of a step's positions.
+    by_rank: Vec<usize>,
+}
+
+/// One row of a global step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Row {
+    /// Source index (in the order the sources were given).
+    pub source: usize,
+    /// Draw index within the source: the `draw`-th row ever drawn from it.
+    pub draw: u64,
+    /// Observation id within the source.
+    pub observation: u64,
+}
+
+impl Mixture {
+    /// A mixture of `sources` (unique, non-empty names; `len > val`) on `schedule`, with the run
+    /// `seed` (draw orders and slot shuffles) and the `split_seed` (held-out sets).
+    pub(crate) fn new(
+        sources: Vec<SourceSpec>,
+        schedule: Schedule,
+        seed: u64,
+        split_seed: u64,
+    ) -> Result<Mixture> {
+        if sources.len() != schedule.sources() {
+            return Err(MixtureError::new(format!(
+                "{} sources but the schedule has {} weights",
+                sources.len(),
+                schedule.sources()
+            )));
+        }
+        let mut names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(MixtureError::new(format!(
+                "source name {:?} is used twice",
+                w[0]
+            )));
+        }
+        if let Some(n) = names
+            .iter()
+            .find(|n| n.is_empty() || n.chars().any(char::is_control))
+        {
+            return Err(MixtureError::new(format!(
+                "source name {n:?} is empty or has control characters"
+            )));
+        }
+        let orders = sources
+            .iter()
+            .map(|s| SourceOrder::new(&s.name, s.len, s.val, seed, split_seed))
+            .collect::<Result<Vec<_>>>()?;
+        let rank = name_ranks(&sources.iter().map(|s| &s.name).collect::<Vec<_>>());
+        let mut by_rank = vec![0; rank.len()];
+        for (k, &r) in rank.iter().enumerate() {
+            by_rank[r as usize] = k;
+        }
+        Ok(Mixture {
+            by_rank,
+            specs: sources,
+            orders,
+            counter: Counter::new(schedule, rank)?,
+            seed,
+            split_seed,
+            slot_key: mix(seed ^ DOMAIN_SLOT),
+        })
+    }
+
+    /// The sources, in the order given.
+    pub(crate) fn sources(&self) -> &[SourceSpec] {
+        &self.specs
+    }
+
+    /// The draw order of source `k`.
+    pub(crate) fn order(&self, k: usize) -> &SourceOrder {
+        &self.orders[k]
+    }
+
+    /// The counts.
+    pub(crate) fn counter(&self) -> &Counter {
+        &self.counter
+    }
+
+    /// Global step `step`: its counts and slot layout.
+    pub(crate) fn batch(&self, step: u64) -> Batch<'_> {
+        Batch::new(self, self.counter.counts(step))
+    }
+
+    /// The batch of `counts` (from [`Counter::counts`] or a [`Cursor`]).
+    pub(crate) fn batch_of(&self, counts: StepCounts) -> Batch<'_> {
+        Batch::new(self, counts)
+    }
+
+    /// Canonical `key=value` lines of everything that decides the rows of steps `0..=step`, for
+    /// the mount's fingerprint text: algorithm, seeds, sources (name, size, held out, in order),
+    /// and the schedule entries starting at or before `step`.
+    pub(crate) fn canonical_text(&self, step: u64) -> String {
+        let mut out = format!(
+            "mixture={ALGORITHM}\nmixture_seed={}\nsplit_seed={}\n",
+            self.seed, self.split_seed
+        );
+        for s in &self.specs {
+            out.push_str(&format!("source={},{},{}\n", s.len, s.val, s.name));
+        }
+        out.push_str(&self.counter.schedule().canonical_text(step));
+        out
+    }
+}
+
+/// The rows of one global step: `G` slots, each a (source, draw, observation).
+#[derive(Debug)]
+pub(crate) struct Batch<'a> {
+    mixture: &'a Mixture,
+    counts: StepCounts,
+    /// `offsets[r]` = first position of the source of rank `r`; `offsets[K] = G`.
+    offsets: Vec<u64>,
+    slots: Permutation,
+    /// Per source, the permutation of the source epoch of its first draw in this step.
+    epochs: Vec<(u64, Permutation)>,
+}
+
+impl<'a> Batch<'a> {
+    fn new(mixture: &'a Mixture, counts: StepCounts) -> Batch<'a> {
+        let mut offsets = Vec::with_capacity(counts.counts.len() + 1);
+        let mut at = 0;
+        offsets.push(0);
+        for &k in &mixture.by_rank {
+            at += counts.counts[k];
+            offsets.push(at);
+        }
+        let slots = Permutation::new(counts.global_batch, mixture.slot_key, counts.step);
+        let epochs = mixture
+            .orders
+            .iter()
+            .zip(&counts.drawn)
+            .map(|(o, &j)| {
+                let e = j / o.train_len();
+                (e, o.epoch_permutation(e))
+            })
+            .collect();
+        Batch {
+            mixture,
+            counts,
+            offsets,
+            slots,
+            epochs,
+        }
+    }
+
+    /// The counts of the step.
+    pub(crate) fn counts(&self) -> &StepCounts {
+        &self.counts
+    }
+
+    /// Slot `slot` (`< G`) of the step.
+    pub(crate) fn slot(&self, slot: u64) -> Row {
+        let p = self.slots.apply(slot);
+        let r = self.offsets.partition_point(|&o| o <= p) - 1;
+        let k = self.mixture.by_rank[r];
+        let draw = self.counts.drawn[k] + (p - self.offsets[r]);
+        let order = &self.mixture.orders[k];
+        let (m, (e, perm)) = (order.train_len(), &self.epochs[k]);
+        let t = if draw / m == *e {
+            perm.apply(draw % m)
+        } else {
+            // the step crosses into the source's next epoch
+            order.epoch_permutation(draw / m).apply(draw % m)
+        };
+        Row {
+            source: k,
+            draw,
+            observation: order.train_observation(t),
+        }
+    }
+
+    /// Row `row` of rank `rank` out of `ranks` (`G = batch_size * ranks`): slot `row * ranks +
+    /// rank`, as for a single dataset.
+    pub(crate) fn rank_row(&self, rank: u64, ranks: u64, row: u64) -> Row {
+        self.slot(row * ranks + rank)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{counter, weights};
+    use super::*;
+
+    fn mixture(ws: &[f64], lens: &[u64], g: u64, seed: u64) -> Mixture {
+        let specs = (0..ws.len())
+            .map(|i| SourceSpec {
+                name: format!("s{i}"),
+                len: lens[i],
+                val: 0,
+            })
+            .collect();
+        Mixture::new(specs, Schedule::new(weights(ws), g).unwrap(), seed, 0).unwrap()
+    }
+
+    #[test]
+    fn slots_hold_each_draw_once() {
+        let m = mixture(&[0.6, 0.3, 0.1], &[1000, 500, 50], 48, 7);
+        let mut next = [0u64; 3];
+        for step in 0..200 {
+            let b = m.batch(step);
+            let mut rows: Vec<Row> = (0..48).map(|s| b.slot(s)).collect();
+            rows.sort_by_key(|r| (r.source, r.draw));
+            for r in rows {
+                assert_eq!(
+                    r.draw, next[r.source],
+                    "step {step}: draws continue in order"
+                );
+                next[r.source] += 1;
+                assert_eq!(r.observation, m.order(r.source).observation(r.draw));
+            }
+            assert_eq!(next.to_vec(), m.counter().state_at(step + 1).drawn);
+        }
+    }
+
+    #[test]
+    fn no_repeats_within_a_source_epoch_and_upsampling_wraps() {
+        let o = SourceOrder::new("code", 97, 0, 42, 0).unwrap();
+        let epoch =
+            |e: u64| -> Vec<u64> { (e * 97..(e + 1) * 97).map(|j| o.observation(j)).collect() };
+        let (e0, e1, e2) = (epoch(0), epoch(1), epoch(2));
+        for e in [&e0, &e1, &e2] {
+            let mut s = e.clone();
+            s.sort_unstable();
+            assert_eq!(
+                s,
+                (0..97).collect::<Vec<_>>(),
+                "each source epoch is a permutation"
+            );
+        }
+        assert_ne!(e0, e1, "a fresh permutation per source epoch");
+        assert_ne!(e1, e2);
+        // in a mixture the small source (weight 1/2, 40 observations) is upsampled: every
+        // run of 40 consecutive draws is one source epoch, all distinct
+        let m = mixture(&[0.5, 0.5], &[40, 1_000_000], 16, 3);
+        let mut small = Vec::new();
+        for step in 0..40 {
+            let b = m.batch(step);
+            let mut rows: Vec<Row> = (0..16)
+                .map(|s| b.slot(s))
+                .filter(|r| r.source == 0)
+                .collect();
+            rows.sort_by_key(|r| r.draw);
+            small.extend(rows.iter().map(|r| r.observation));
+        }
+        assert!(small.len() >= 8 * 40 - 1);
+        for chunk in small.chunks_exact(40) {
+            let mut c = chunk.to_vec();
+            c.sort_unstable();
+            assert_eq!(c, (0..40).collect::<Vec<_>>());
+        }
+        // the large source is never used up: no observation twice
+        let mut big: Vec<u64> = (0..40)
+            .flat_map(|step| {
+                let b = m.batch(step);
+                (0..16)
+                    .map(move |s| b.slot(s))
+                    .filter(|r| r.source == 1)
+                    .map(|r| r.observation)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let n = big.len();
+        big.sort_unstable();
+        big.dedup();
+        assert_eq!(big.len(), n);
+    }
+
+    #[test]
+    fn slot_shuffle_spreads_sources_over_ranks() {
+        let (ranks, batch) = (8u64, 16u64);
+        let m = mixture(
+            &[0.5, 0.3, 0.2],
+            &[1 << 20, 1 << 20, 1 << 20],
+            ranks * batch,
+            11,
+        );
+        let mut per_rank = vec![[0u64; 3]; ranks as usize];
+        let mut single_source_batches = 0;
+        for step in 0..300 {
+            let b = m.batch(step);
+            for r in 0..ranks {
+                let mut c = [0u64; 3];
+                for j in 0..batch {
+                    c[b.rank_row(r, ranks, j).source] += 1;
+                }
+                single_source_batches += usize::from(c.contains(&batch));
+                for i in 0..3 {
+                    per_rank[r as usize][i] += c[i];
+                }
+            }
+        }
+        assert_eq!(single_source_batches, 0);
+        for c in per_rank {
+            let total = (300 * batch) as f64;
+            for (i, w) in [0.5, 0.3, 0.2].iter().enumerate() {
+                let share = c[i] as f64 / total;
+                assert!((share - w).abs() < 0.03, "rank share {share} vs {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn elastic_ranks_see_the_same_global_step() {
+        let m = mixture(&[0.7, 0.3], &[5000, 5000], 32, 5);
+        let b = m.batch(9);
+        for (ranks, batch) in [(1u64, 32u64), (4, 8), (8, 4), (32, 1)] {
+            let mut rows: Vec<Row> = (0..ranks)
+                .flat_map(|r| (0..batch).map(move |j| (r, j)))
+                .map(|(r, j)| b.rank_row(r, ranks, j))
+                .collect();
+            rows.sort_by_key(|r| (r.source, r.draw));
+            let mut all: Vec<Row> = (0..32).map(|s| b.slot(s)).collect();
+            all.sort_by_key(|r| (r.source, r.draw));
+            assert_eq!(rows, all);
+            assert_eq!(b.rank_row(3 % ranks, ranks, 0), b.slot(3 % ranks));
+        }
+    }
+
+    #[test]
+    fn held_out_split_is_disjoint_and_stable() {
+        let a = SourceOrder::new("web", 1000, 10, 1, 99).unwrap();
+        let val: Vec<u64> = (0..10).map(|i| a.val_observation(i)).collect();
+        assert!(val.iter().all(|&v| a.is_val(v)));
+        assert_eq!((0..1000).filter(|&o| a.is_val(o)).count(), 10);
+        for j in 0..3 * 990 {
+            assert!(!a.is_val(a.observation(j)), "draw {j} is held out");
+        }
+        let mut e0: Vec<u64> = (0..990).map(|j| a.observation(j)).collect();
+        e0.sort_unstable();
+        e0.dedup();
+        assert_eq!(e0.len(), 990);
+        // another run seed: another training order, the same held-out set
+        let b = SourceOrder::new("web", 1000, 10, 2, 99).unwrap();
+        assert_eq!(
+            val,
+            (0..10).map(|i| b.val_observation(i)).collect::<Vec<_>>()
+        );
+        // another split seed: another held-out set
+        let c = SourceOrder::new("web", 1000, 10, 1, 100).unwrap();
+        assert_ne!(
+            val,
+            (0..10).map(|i| c.val_observation(i)).collect::<Vec<_>>()
+        );
+        assert!(SourceOrder::new("web", 10, 10, 1, 1).is_err());
+    }
+
+    #[test]
+    fn source_order_in_the_config_does_not_matter() {
+        let specs = |order: &[usize]| -> Vec<SourceSpec> {
+            order
+                .iter()
+                .map(|&i| SourceSpec {
+                    name: ["web", "code", "math"][i].into(),
+                    len: 300 + i as u64,
+                    val: i as u64,
+                })
+                .collect()
+        };
+        let third = Weight::from_f64(1.0 / 3.0).unwrap();
+        let build = |order: &[usize]| {
+            let s = specs(order);
+            let rank = name_ranks(&s.iter().map(|s| &s.name).collect::<Vec<_>>());
+            let w = normalize(&[third; 3], &rank).unwrap();
+            Mixture::new(s, Schedule::new(w, 10).unwrap(), 4, 5).unwrap()
+        };
+        let (a, b) = (build(&[0, 1, 2]), build(&[2, 0, 1]));
+        for step in 0..50 {
+            let (ba, bb) = (a.batch(step), b.batch(step));
+            for s in 0..10 {
+                let (ra, rb) = (ba.slot(s), bb.slot(s));
+                assert_eq!(a.sources()[ra.source].name, b.sources()[rb.source].name);
+                assert_eq!((ra.draw, ra.observation), (rb.draw, rb.observation));
+            }
+        }
+    }
+
+    #[test]
+    fn canonical_text_covers_entries_up_to_the_step() {
+        let w = weights(&[0.5, 0.5]);
+        let mut s = Schedule::new(w.clone(), 8).unwrap();
+        s.change(100, Some(weights(&[0.25, 0.75])), None).unwrap();
+        let specs = vec![
+            SourceSpec {
+                name: "a".into(),
+                len: 10,
+                val: 0,
+            },
+            SourceSpec {
+                name: "b,c".into(),
+                len: 20,
+                val: 1,
+            },
+        ];
+        let m = Mixture::new(specs.clone(), s.clone(), 1, 2).unwrap();
+        let early = Mixture::new(specs, Schedule::new(w, 8).unwrap(), 1, 2).unwrap();
+        assert_eq!(m.canonical_text(99), early.canonical_text(99));
+        assert_ne!(m.canonical_text(100), early.canonical_text(100));
+        assert_eq!(
+            m.canonical_text(100),
+            "mixture=mixture-v1\nmixture_seed=1\nsplit_seed=2\nsource=10,0,a\nsource=20,1,b,c\n\
+             segment=0,8,2147483648,2147483648\nsegment=100,8,1073741824,3221225472\n"
+        );
+    }
+
+    #[test]
+    fn mixture_rejects_bad_sources() {
+        let s = || Schedule::new(weights(&[0.5, 0.5]), 8).unwrap();
+        let spec = |name: &str, len| SourceSpec {
+            name: name.into(),
+            len,
+            val: 0,
+        };
+        assert!(Mixture::new(vec![spec("a", 1), spec("a", 1)], s(), 0, 0).is_err());
+        assert!(Mixture::new(vec![spec("a", 1), spec("", 1)], s(), 0, 0).is_err());
+        assert!(Mixture::new(vec![spec("a", 1), spec("b", 0)], s(), 0, 0).is_err());
+        assert!(Mixture::new(vec![spec("a", 1)], s(), 0, 0).is_err());
+        assert!(Mixture::new(vec![spec("a", 1), spec("b\nc", 1)], s(), 0, 0).is_err());
+    }
+
+    /// `cargo test --release --lib mixture::tests::bench -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn bench() {
+        use std::time::Instant;
+        let w = weights(&[0.3, 0.25, 0.2, 0.1, 0.1, 0.049, 0.001]);
+        let mut s = Schedule::new(w, 1024).unwrap();
+        s.change(
+            300_000,
+            Some(weights(&[0.2, 0.2, 0.2, 0.2, 0.1, 0.09, 0.01])),
+            Some(2048),
+        )
+        .unwrap();
+        let c = Counter::new(s.clone(), (0..7).collect()).unwrap();
+        let t = Instant::now();
+        let state = c.state_at_uncached(1_000_000);
+        let cold = t.elapsed();
+        let t = Instant::now();
+        let mut cur = c.cursor(0);
+        let mut sum = 0u64;
+        for _ in 0..1_000_000 {
+            sum += cur.advance()[6];
+        }
+        let in_order = t.elapsed();
+        assert_eq!(cur.state(), &state);
+        let t = Instant::now();
+        let _ = c.counts(999_999);
+        let filling = t.elapsed();
+        let t = Instant::now();
+        for x in (0..1000u64).map(|i| mix(i) % 1_000_000) {
+            let _ = c.counts(x);
+        }
+        let warm = t.elapsed() / 1000;
+        let m = Mixture::new(
+            (0..7)
+                .map(|i| SourceSpec {
+                    name: format!("s{i}"),
+                    len: 1 << 30,
+                    val: 0,
+                })
+                .collect(),
+            s,
+            1,
+            0,
+        )
+        .unwrap();
+        let b = m.batch(123_456);
+        let t = Instant::now();
+        let mut acc = 0u64;
+        for slot in 0..1024 {
+            acc ^= b.slot(slot).observation;
+        }
+        let slots = t.elapsed();
+        println!(
+            "K=7, G=1024/2048: in order {:.1} ns/step; cold jump to step 1,000,000 {:.1} ms; \
+             first random access (fills checkpoints) {:.1} ms; warm random access {:.1} us; \
+             1024 slots with observations {:.1} us (sum {sum}, {acc})",
+            in_order.as_nanos() as f64 / 1e6,
+            cold.as_secs_f64() * 1e3,
+            filling.as_secs_f64() * 1e3,
+            warm.as_secs_f64() * 1e6,
+            slots.as_secs_f64() * 1e6,
+        );
+    }
+}

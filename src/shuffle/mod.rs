@@ -1,0 +1,13 @@
+//! Which observations, in which order: pure functions of the configuration, no bytes.
+//!
+//! | file | question |
+//! | --- | --- |
+//! | `feistel.rs` | what is the keyed permutation of `[0, n)`? |
+//! | `plan.rs` | which observations are in (epoch, rank, step), and where is observation `i`? The one place of the global-step formula |
+//! | `mixture/` | how many rows of each source in a global step, which ones, in which slots? (the mixtures issue wires it in) |
+
+pub(crate) mod feistel;
+// Not wired into the tree yet: the mixtures issue serves it.
+#[allow(dead_code, unused_imports)]
+pub(crate) mod mixture;
+pub(crate) mod plan;
