@@ -248,7 +248,7 @@ pub struct MountFlags {
     pub max_open_shards: Option<usize>,
     /// Most names a directory listing shows (the first N in listing order; every name beyond
     /// stays reachable by its path). 0: no bound.
-    #[arg(long, value_name = "N", default_value_t = crate::fs::DEFAULT_MAX_LISTING, help_heading = MOUNT_HEADING)]
+    #[arg(long, value_name = "N", default_value_t = crate::tree::DEFAULT_MAX_LISTING, help_heading = MOUNT_HEADING)]
     pub max_listing: u64,
 }
 

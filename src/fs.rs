@@ -23,100 +23,27 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
-use crate::error::{Error, Result};
-use crate::shuffle::plan::StepKey;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 
 use crate::cache::StepCache;
+use crate::error::{Error, Result};
+use crate::inode::Inodes;
 use crate::prefetch::{Claim, PrefetchConfig, Prefetcher};
-
+use crate::shuffle::plan::StepKey;
+use crate::tree::Shape;
 use crate::view::{View, json_len, json_range};
 
-/// The root directory's inode number (fixed by FUSE).
-pub const ROOT_INO: u64 = 1;
-
-/// Most names a directory listing shows by default (`--max-listing`).
-pub(crate) const DEFAULT_MAX_LISTING: u64 = 10_000;
+// Also at the paths tests/it still name (until they use the crate root).
+pub use crate::inode::ROOT_INO;
+pub use crate::tree::{DEFAULT_MAX_LISTING, Kind, Node};
 
 /// Permission bits of files.
 pub(crate) const FILE_PERM: u16 = 0o444;
 /// Permission bits of directories.
 pub(crate) const DIR_PERM: u16 = 0o555;
-
-/// A node of the tree.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Node {
-    /// `/`
-    Root,
-    /// `/info.json`
-    Info,
-    /// `/stats.json` (cache and prefetch counters; changes while mounted)
-    Stats,
-    /// `/epoch`
-    EpochList,
-    /// `/epoch/E`
-    Epoch(u64),
-    /// `/epoch/E/rank`
-    RankList(u64),
-    /// `/epoch/E/rank/R`
-    Rank(u64, u64),
-    /// `/epoch/E/rank/R/step`
-    StepList(u64, u64),
-    /// `/epoch/E/rank/R/step/S.npy`
-    StepNpy(StepKey),
-    /// `/epoch/E/rank/R/step/S.json`
-    StepJson(StepKey),
-    /// `/observation`
-    ObservationList,
-    /// `/observation/I.npy`
-    ObservationNpy(u64),
-    /// `/observation/I.json`
-    ObservationJson(u64),
-    /// `/lookup`
-    Lookup,
-    /// `/lookup/epoch`
-    LookupEpochList,
-    /// `/lookup/epoch/E`
-    LookupEpoch(u64),
-    /// `/lookup/epoch/E/observation`
-    LookupObservationList(u64),
-    /// `/lookup/epoch/E/observation/I.json`
-    LookupJson(u64, u64),
-}
-
-/// File or directory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// A directory.
-    Directory,
-    /// A regular file.
-    File,
-}
-
-impl Node {
-    /// Whether this node is a directory.
-    pub fn kind(self) -> Kind {
-        match self {
-            Node::Info
-            | Node::Stats
-            | Node::StepNpy(_)
-            | Node::StepJson(_)
-            | Node::ObservationNpy(_)
-            | Node::ObservationJson(_)
-            | Node::LookupJson(..) => Kind::File,
-            _ => Kind::Directory,
-        }
-    }
-
-    /// Whether the content changes while mounted (no attribute caching; no page cache, or with
-    /// `--prefill` a changing mtime so the kernel drops old pages).
-    pub fn is_volatile(self) -> bool {
-        self == Node::Stats
-    }
-}
 
 /// Attributes of a node, in FUSE-independent form.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,214 +88,6 @@ impl DirSink for Vec<DirEntry> {
     }
 }
 
-/// The kinds of node in inode order; each owns a contiguous inode range.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Range {
-    Root,
-    Info,
-    Stats,
-    EpochList,
-    ObservationList,
-    Lookup,
-    LookupEpochList,
-    Epoch,
-    RankList,
-    LookupEpoch,
-    LookupObservationList,
-    Rank,
-    StepList,
-    StepNpy,
-    StepJson,
-    ObservationNpy,
-    ObservationJson,
-    LookupJson,
-}
-
-const RANGES: [Range; 18] = [
-    Range::Root,
-    Range::Info,
-    Range::Stats,
-    Range::EpochList,
-    Range::ObservationList,
-    Range::Lookup,
-    Range::LookupEpochList,
-    Range::Epoch,
-    Range::RankList,
-    Range::LookupEpoch,
-    Range::LookupObservationList,
-    Range::Rank,
-    Range::StepList,
-    Range::StepNpy,
-    Range::StepJson,
-    Range::ObservationNpy,
-    Range::ObservationJson,
-    Range::LookupJson,
-];
-
-/// The inode numbering of one configuration: `starts[k]` is the first inode of range `k`.
-#[derive(Clone, Debug)]
-struct Inodes {
-    epochs: u64,
-    ranks: u64,
-    steps: u64,
-    observations: u64,
-    starts: [u64; RANGES.len() + 1],
-}
-
-impl Inodes {
-    fn new(epochs: u64, ranks: u64, steps: u64, observations: u64) -> Result<Inodes> {
-        let too_big = || {
-            Error::invalid(format!(
-                "{epochs} epochs x {ranks} ranks x {steps} steps ({observations} observations) \
-                 is too many files to number with 64-bit inodes; lower --epochs"
-            ))
-        };
-        let er = epochs.checked_mul(ranks).ok_or_else(too_big)?;
-        let ers = er.checked_mul(steps).ok_or_else(too_big)?;
-        let eo = epochs.checked_mul(observations).ok_or_else(too_big)?;
-        let mut starts = [0u64; RANGES.len() + 1];
-        starts[0] = ROOT_INO;
-        for (k, range) in RANGES.iter().enumerate() {
-            let count = match range {
-                Range::Root
-                | Range::Info
-                | Range::Stats
-                | Range::EpochList
-                | Range::ObservationList
-                | Range::Lookup
-                | Range::LookupEpochList => 1,
-                Range::Epoch
-                | Range::RankList
-                | Range::LookupEpoch
-                | Range::LookupObservationList => epochs,
-                Range::Rank | Range::StepList => er,
-                Range::StepNpy | Range::StepJson => ers,
-                Range::ObservationNpy | Range::ObservationJson => observations,
-                Range::LookupJson => eo,
-            };
-            starts[k + 1] = starts[k].checked_add(count).ok_or_else(too_big)?;
-        }
-        Ok(Inodes {
-            epochs,
-            ranks,
-            steps,
-            observations,
-            starts,
-        })
-    }
-
-    fn ino(&self, node: Node) -> u64 {
-        let (range, index) = match node {
-            Node::Root => (Range::Root, 0),
-            Node::Info => (Range::Info, 0),
-            Node::Stats => (Range::Stats, 0),
-            Node::EpochList => (Range::EpochList, 0),
-            Node::ObservationList => (Range::ObservationList, 0),
-            Node::Lookup => (Range::Lookup, 0),
-            Node::LookupEpochList => (Range::LookupEpochList, 0),
-            Node::Epoch(e) => (Range::Epoch, e),
-            Node::RankList(e) => (Range::RankList, e),
-            Node::LookupEpoch(e) => (Range::LookupEpoch, e),
-            Node::LookupObservationList(e) => (Range::LookupObservationList, e),
-            Node::Rank(e, r) => (Range::Rank, e * self.ranks + r),
-            Node::StepList(e, r) => (Range::StepList, e * self.ranks + r),
-            Node::StepNpy(k) => (Range::StepNpy, self.step_index(k)),
-            Node::StepJson(k) => (Range::StepJson, self.step_index(k)),
-            Node::ObservationNpy(i) => (Range::ObservationNpy, i),
-            Node::ObservationJson(i) => (Range::ObservationJson, i),
-            Node::LookupJson(e, i) => (Range::LookupJson, e * self.observations + i),
-        };
-        self.starts[range as usize] + index
-    }
-
-    fn step_index(&self, k: StepKey) -> u64 {
-        (k.epoch * self.ranks + k.rank) * self.steps + k.step
-    }
-
-    fn node(&self, ino: u64) -> Option<Node> {
-        if ino < self.starts[0] || ino >= self.starts[RANGES.len()] {
-            return None;
-        }
-        let k = self.starts.partition_point(|&s| s <= ino) - 1;
-        let i = ino - self.starts[k];
-        let rank_pair = |i: u64| (i / self.ranks, i % self.ranks);
-        let step_key = |i: u64| {
-            let (er, step) = (i / self.steps, i % self.steps);
-            StepKey {
-                epoch: er / self.ranks,
-                rank: er % self.ranks,
-                step,
-            }
-        };
-        Some(match RANGES[k] {
-            Range::Root => Node::Root,
-            Range::Info => Node::Info,
-            Range::Stats => Node::Stats,
-            Range::EpochList => Node::EpochList,
-            Range::ObservationList => Node::ObservationList,
-            Range::Lookup => Node::Lookup,
-            Range::LookupEpochList => Node::LookupEpochList,
-            Range::Epoch => Node::Epoch(i),
-            Range::RankList => Node::RankList(i),
-            Range::LookupEpoch => Node::LookupEpoch(i),
-            Range::LookupObservationList => Node::LookupObservationList(i),
-            Range::Rank => {
-                let (e, r) = rank_pair(i);
-                Node::Rank(e, r)
-            }
-            Range::StepList => {
-                let (e, r) = rank_pair(i);
-                Node::StepList(e, r)
-            }
-            Range::StepNpy => Node::StepNpy(step_key(i)),
-            Range::StepJson => Node::StepJson(step_key(i)),
-            Range::ObservationNpy => Node::ObservationNpy(i),
-            Range::ObservationJson => Node::ObservationJson(i),
-            Range::LookupJson => Node::LookupJson(i / self.observations, i % self.observations),
-        })
-    }
-}
-
-/// The directories whose number of names grows with the plan, as path patterns, with that
-/// number (every other directory holds one to five names). `info.json` reports those a
-/// bounded listing cuts short.
-pub(crate) fn listing_sizes(plan: &crate::shuffle::plan::Plan) -> [(&'static str, u64); 6] {
-    let (epochs, observations) = (plan.epochs(), plan.n_observations());
-    [
-        ("epoch", epochs),
-        ("epoch/E/rank", plan.ranks()),
-        (
-            "epoch/E/rank/R/step",
-            plan.steps_per_epoch().saturating_mul(2),
-        ),
-        ("observation", observations.saturating_mul(2)),
-        ("lookup/epoch", epochs),
-        ("lookup/epoch/E/observation", observations),
-    ]
-}
-
-/// Splits `name` into a canonical index below `bound` and one of the suffixes.
-fn parse_file(name: &[u8], bound: u64, suffix: &[u8]) -> Option<u64> {
-    name.strip_suffix(suffix)
-        .and_then(|stem| parse_index(stem, bound))
-}
-
-/// Parses a canonical decimal below `bound`: ASCII digits only, no sign, no leading zero
-/// (except `0` itself), no overflow.
-pub(crate) fn parse_index(name: &[u8], bound: u64) -> Option<u64> {
-    if name.is_empty() || name.len() > 20 || (name.len() > 1 && name[0] == b'0') {
-        return None;
-    }
-    let mut v: u64 = 0;
-    for &b in name {
-        if !b.is_ascii_digit() {
-            return None;
-        }
-        v = v.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
-    }
-    (v < bound).then_some(v)
-}
-
 /// The filesystem: a [`View`] plus the tree around it.
 #[derive(Debug)]
 pub struct ShuffleFs {
@@ -378,6 +97,7 @@ pub struct ShuffleFs {
     prefetcher: Option<Prefetcher>,
     /// Benchmarking only: every step read is answered from this one file.
     stub: Option<Arc<[u8]>>,
+    shape: Shape,
     inodes: Inodes,
     /// Most names a listing shows (0: no bound); see [`ShuffleFs::readdir`].
     max_listing: u64,
@@ -405,19 +125,15 @@ const JSON_CACHE_MAX_FILE: u64 = 1 << 20;
 impl ShuffleFs {
     /// Wraps a view.
     pub fn new(view: View) -> Result<ShuffleFs> {
-        let plan = view.plan();
-        let inodes = Inodes::new(
-            plan.epochs(),
-            plan.ranks(),
-            plan.steps_per_epoch(),
-            plan.n_observations(),
-        )?;
+        let shape = Shape::of(view.plan());
+        let inodes = Inodes::new(shape)?;
         let max_listing = view.info().max_listing;
         Ok(ShuffleFs {
             view: Arc::new(view),
             cache: None,
             prefetcher: None,
             stub: None,
+            shape,
             inodes,
             max_listing,
             padded_stats: false,
@@ -535,44 +251,7 @@ impl ShuffleFs {
     }
 
     fn child(&self, parent: Node, name: &[u8]) -> Result<Node> {
-        if parent.kind() == Kind::File {
-            return Err(Error::NotADirectory);
-        }
-        let i = &self.inodes;
-        let found = match parent {
-            Node::Root => match name {
-                b"info.json" => Some(Node::Info),
-                b"stats.json" => Some(Node::Stats),
-                b"epoch" => Some(Node::EpochList),
-                b"observation" => Some(Node::ObservationList),
-                b"lookup" => Some(Node::Lookup),
-                _ => None,
-            },
-            Node::EpochList => parse_index(name, i.epochs).map(Node::Epoch),
-            Node::Epoch(e) => (name == b"rank").then_some(Node::RankList(e)),
-            Node::RankList(e) => parse_index(name, i.ranks).map(|r| Node::Rank(e, r)),
-            Node::Rank(e, r) => (name == b"step").then_some(Node::StepList(e, r)),
-            Node::StepList(epoch, rank) => {
-                let key = |step| StepKey { epoch, rank, step };
-                parse_file(name, i.steps, b".npy")
-                    .map(|s| Node::StepNpy(key(s)))
-                    .or_else(|| parse_file(name, i.steps, b".json").map(|s| Node::StepJson(key(s))))
-            }
-            Node::ObservationList => parse_file(name, i.observations, b".npy")
-                .map(Node::ObservationNpy)
-                .or_else(|| parse_file(name, i.observations, b".json").map(Node::ObservationJson)),
-            Node::Lookup => (name == b"epoch").then_some(Node::LookupEpochList),
-            Node::LookupEpochList => parse_index(name, i.epochs).map(Node::LookupEpoch),
-            Node::LookupEpoch(e) => {
-                (name == b"observation").then_some(Node::LookupObservationList(e))
-            }
-            Node::LookupObservationList(e) => {
-                parse_file(name, i.observations, b".json").map(|o| Node::LookupJson(e, o))
-            }
-            // Files (checked above) have no children.
-            _ => None,
-        };
-        found.ok_or(Error::NotFound)
+        self.shape.child(parent, name)
     }
 
     /// Attributes of inode `ino`.
@@ -732,85 +411,6 @@ impl ShuffleFs {
         Ok(node)
     }
 
-    /// Number of entries (with `.` and `..`) in directory `node`.
-    fn dir_len(&self, node: Node) -> u64 {
-        let i = &self.inodes;
-        2 + match node {
-            Node::Root => 5,
-            Node::EpochList | Node::LookupEpochList => i.epochs,
-            Node::Epoch(_) | Node::Rank(..) | Node::Lookup | Node::LookupEpoch(_) => 1,
-            Node::RankList(_) => i.ranks,
-            Node::StepList(..) => 2 * i.steps,
-            Node::ObservationList => 2 * i.observations,
-            Node::LookupObservationList(_) => i.observations,
-            _ => 0, // files
-        }
-    }
-
-    fn parent(&self, node: Node) -> Node {
-        match node {
-            Node::Root
-            | Node::Info
-            | Node::Stats
-            | Node::EpochList
-            | Node::ObservationList
-            | Node::Lookup => Node::Root,
-            Node::Epoch(_) => Node::EpochList,
-            Node::RankList(e) => Node::Epoch(e),
-            Node::Rank(e, _) => Node::RankList(e),
-            Node::StepList(e, r) => Node::Rank(e, r),
-            Node::StepNpy(k) | Node::StepJson(k) => Node::StepList(k.epoch, k.rank),
-            Node::ObservationNpy(_) | Node::ObservationJson(_) => Node::ObservationList,
-            Node::LookupEpochList => Node::Lookup,
-            Node::LookupEpoch(_) => Node::LookupEpochList,
-            Node::LookupObservationList(e) => Node::LookupEpoch(e),
-            Node::LookupJson(e, _) => Node::LookupObservationList(e),
-        }
-    }
-
-    /// Entry `index` (0-based, after `.` and `..`) of directory `node`.
-    fn dir_entry(&self, node: Node, index: u64) -> (Node, String) {
-        let pair = |index: u64, npy: Node, json: Node, stem: u64| {
-            if index.is_multiple_of(2) {
-                (npy, format!("{stem}.npy"))
-            } else {
-                (json, format!("{stem}.json"))
-            }
-        };
-        match node {
-            Node::Root => [
-                (Node::Info, "info.json"),
-                (Node::Stats, "stats.json"),
-                (Node::EpochList, "epoch"),
-                (Node::ObservationList, "observation"),
-                (Node::Lookup, "lookup"),
-            ]
-            .map(|(n, s)| (n, s.to_string()))[index as usize]
-                .clone(),
-            Node::EpochList => (Node::Epoch(index), index.to_string()),
-            Node::Epoch(e) => (Node::RankList(e), "rank".to_string()),
-            Node::RankList(e) => (Node::Rank(e, index), index.to_string()),
-            Node::Rank(e, r) => (Node::StepList(e, r), "step".to_string()),
-            Node::StepList(epoch, rank) => {
-                let key = StepKey {
-                    epoch,
-                    rank,
-                    step: index / 2,
-                };
-                pair(index, Node::StepNpy(key), Node::StepJson(key), key.step)
-            }
-            Node::ObservationList => {
-                let o = index / 2;
-                pair(index, Node::ObservationNpy(o), Node::ObservationJson(o), o)
-            }
-            Node::Lookup => (Node::LookupEpochList, "epoch".to_string()),
-            Node::LookupEpochList => (Node::LookupEpoch(index), index.to_string()),
-            Node::LookupEpoch(e) => (Node::LookupObservationList(e), "observation".to_string()),
-            Node::LookupObservationList(e) => (Node::LookupJson(e, index), format!("{index}.json")),
-            _ => unreachable!("files have no entries (readdir checks opendir)"),
-        }
-    }
-
     /// Lists directory `ino` from `offset` (0 = start; every entry carries the offset to
     /// resume after it) until `sink` is full. O(1) memory and O(1) work per entry, whatever
     /// the directory size. A bounded listing (`--max-listing N`, N > 0) shows `.`, `..` and
@@ -818,7 +418,7 @@ impl ShuffleFs {
     /// [`ShuffleFs::lookup`].
     pub fn readdir(&self, ino: u64, offset: u64, sink: &mut impl DirSink) -> Result<()> {
         let node = self.opendir(ino)?;
-        let mut len = self.dir_len(node);
+        let mut len = self.shape.dir_len(node);
         if self.max_listing > 0 {
             len = len.min(self.max_listing.saturating_add(2));
         }
@@ -826,8 +426,8 @@ impl ShuffleFs {
         while k < len {
             let (child, name) = match k {
                 0 => (node, ".".to_string()),
-                1 => (self.parent(node), "..".to_string()),
-                _ => self.dir_entry(node, k - 2),
+                1 => (node.parent(), "..".to_string()),
+                _ => self.shape.entry(node, k - 2),
             };
             let entry = DirEntry {
                 ino: self.ino(child),
@@ -1028,98 +628,4 @@ fn copy_range(bytes: &[u8], offset: u64, size: u32, out: &mut Vec<u8>) {
         .min(bytes.len());
     let end = start.saturating_add(size as usize).min(bytes.len());
     out.extend_from_slice(&bytes[start..end]);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn canonical_indices_only() {
-        assert_eq!(parse_index(b"0", 10), Some(0));
-        assert_eq!(parse_index(b"9", 10), Some(9));
-        assert_eq!(parse_index(b"10", 10), None);
-        for bad in [
-            &b""[..],
-            b"00",
-            b"07",
-            b"+7",
-            b"-0",
-            b" 7",
-            b"7 ",
-            b"0x7",
-            b"7.0",
-            b"\xd9\xa3", // Arabic-Indic digit three
-            b"18446744073709551616",
-            b"99999999999999999999999",
-        ] {
-            assert_eq!(parse_index(bad, u64::MAX), None, "{bad:?}");
-        }
-        assert_eq!(
-            parse_index(b"18446744073709551614", u64::MAX),
-            Some(u64::MAX - 1)
-        );
-        assert_eq!(parse_index(b"18446744073709551615", u64::MAX), None);
-    }
-
-    #[test]
-    fn inode_numbering_round_trips() {
-        let inodes = Inodes::new(3, 4, 5, 7).unwrap();
-        let mut all = vec![
-            Node::Root,
-            Node::Info,
-            Node::Stats,
-            Node::EpochList,
-            Node::ObservationList,
-            Node::Lookup,
-            Node::LookupEpochList,
-        ];
-        for o in 0..7 {
-            all.push(Node::ObservationNpy(o));
-            all.push(Node::ObservationJson(o));
-        }
-        for e in 0..3 {
-            all.push(Node::Epoch(e));
-            all.push(Node::RankList(e));
-            all.push(Node::LookupEpoch(e));
-            all.push(Node::LookupObservationList(e));
-            for o in 0..7 {
-                all.push(Node::LookupJson(e, o));
-            }
-            for r in 0..4 {
-                all.push(Node::Rank(e, r));
-                all.push(Node::StepList(e, r));
-                for step in 0..5 {
-                    let k = StepKey {
-                        epoch: e,
-                        rank: r,
-                        step,
-                    };
-                    all.push(Node::StepNpy(k));
-                    all.push(Node::StepJson(k));
-                }
-            }
-        }
-        let mut inos: Vec<u64> = all.iter().map(|&n| inodes.ino(n)).collect();
-        for (&n, &ino) in all.iter().zip(&inos) {
-            assert_eq!(inodes.node(ino), Some(n));
-        }
-        assert_eq!(inodes.ino(Node::Root), ROOT_INO);
-        inos.sort_unstable();
-        inos.dedup();
-        assert_eq!(inos.len(), all.len(), "no collisions");
-        assert_eq!(*inos.first().unwrap(), 1);
-        assert_eq!(*inos.last().unwrap(), all.len() as u64, "dense numbering");
-        assert_eq!(inodes.node(0), None);
-        assert_eq!(inodes.node(all.len() as u64 + 1), None);
-        assert_eq!(inodes.node(u64::MAX), None);
-    }
-
-    #[test]
-    fn inode_space_overflow_is_refused() {
-        assert!(Inodes::new(u64::MAX, 2, 1, 1).is_err());
-        assert!(Inodes::new(1 << 20, 1 << 20, 1 << 23, 1).is_err());
-        assert!(Inodes::new(2, 1, 1, u64::MAX / 2).is_err());
-        assert!(Inodes::new(100, 1024, 1 << 40, 1 << 50).is_ok());
-    }
 }

@@ -307,10 +307,7 @@ impl KernelCache {
 impl Prefill for KernelCache {
     fn store(&self, key: StepKey, bytes: &[u8], trigger: bool) -> bool {
         let ino = (self.ino_of)(key);
-        let path = self.mountpoint.join(format!(
-            "epoch/{}/rank/{}/step/{}.npy",
-            key.epoch, key.rank, key.step
-        ));
+        let path = self.mountpoint.join(crate::tree::step_path(key, false));
         {
             let mut stores = self.stores();
             if stores.stopped {
@@ -728,7 +725,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        if parent.0 == crate::fs::ROOT_INO
+        if parent.0 == crate::inode::ROOT_INO
             && (name == QUIESCE_NAME || name == RESUME_NAME)
             && (req.uid() == 0 || req.uid() == nix::unistd::geteuid().as_raw())
         {

@@ -35,15 +35,16 @@ mod error;
 pub mod format;
 pub mod fs;
 mod fuse;
+mod inode;
 pub mod logging;
 pub mod mount;
 pub mod pack;
 pub mod prefetch;
 mod shuffle;
 mod storage;
+mod tree;
 mod verify;
 pub mod view;
-mod window;
 
 /// Paths tests/it still name, until they name the crate root.
 #[doc(hidden)]

@@ -222,14 +222,7 @@ fn read_syscalls() -> Option<u64> {
 }
 
 fn read_file(mountpoint: &Path, key: StepKey, file: BenchFile, buf: &mut [u8]) -> Result<u64> {
-    let ext = match file {
-        BenchFile::Npy => "npy",
-        BenchFile::Json => "json",
-    };
-    let path = mountpoint.join(format!(
-        "epoch/{}/rank/{}/step/{}.{ext}",
-        key.epoch, key.rank, key.step
-    ));
+    let path = mountpoint.join(crate::tree::step_path(key, file == BenchFile::Json));
     let mut f = File::open(&path).map_err(|e| Error::io(&path, e))?;
     let mut filled = 0;
     loop {

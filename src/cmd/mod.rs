@@ -49,7 +49,7 @@ impl From<&PlanOptions> for ViewConfig {
                 ModeArg::Documents => Mode::Documents,
             },
             pad_id: p.pad_id,
-            max_listing: crate::fs::DEFAULT_MAX_LISTING,
+            max_listing: crate::tree::DEFAULT_MAX_LISTING,
         }
     }
 }

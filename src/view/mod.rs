@@ -1,0 +1,311 @@
+//! The bytes of every file of the tree: a dataset seen through a plan. Pure over a
+//! [`Dataset`]: nothing here knows inodes or FUSE.
+//!
+//! A step file is a numpy `.npy` of shape `(batch_size, window)`: the fixed header, then row
+//! `j` = observation `perm_E(S*G + j*ranks + rank)`. In stream mode an observation is a window
+//! of the record stream; in documents mode it is a document's first `window` records, padded.
+//! Any byte range of a file is produced on its own, reading only the shard bytes that range
+//! covers. JSON files are serialized as they stream out, so their size (needed by `stat`) and
+//! any byte range are produced without building per-request copies of whole files.
+//!
+//! | file | question |
+//! | --- | --- |
+//! | `window.rs` | which records make observation `i` (stream mode)? |
+//! | `rows.rs` | what are the bytes of `S.npy` and `I.npy`? |
+//! | `json.rs` | what are the bytes of `S.json`, `I.json` and `lookup/.../I.json`? |
+//! | `info.rs` | what is in `info.json`, and what does the fingerprint cover? |
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+use crate::format::dtype::RecordType;
+use crate::format::npy;
+use crate::inode::Inodes;
+use crate::shuffle::plan::{Plan, StepKey};
+use crate::tree::{DEFAULT_MAX_LISTING, Shape};
+
+mod info;
+mod json;
+mod rows;
+mod window;
+
+pub use info::{Info, TruncatedListing};
+pub(crate) use json::{json_len, json_range};
+
+use info::Geometry;
+use window::Windows;
+
+/// What an observation is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Observation `i` is the window of `window` records at record `i * stride`.
+    Stream,
+    /// Observation `i` is document `i`, truncated or padded to `window` records.
+    Documents,
+}
+
+impl Mode {
+    /// The name used on the command line and in `info.json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Stream => "stream",
+            Mode::Documents => "documents",
+        }
+    }
+}
+
+/// What the user chose at mount time (or for `shufflefs plan`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ViewConfig {
+    /// Records per observation (`--window`).
+    pub window: u64,
+    /// Records between observation starts (`--stride`); `None` means `window`.
+    pub stride: Option<u64>,
+    /// Rows per step file (`--batch-size`).
+    pub batch_size: u64,
+    /// Number of ranks (`--ranks`).
+    pub ranks: u64,
+    /// Shuffle seed (`--seed`).
+    pub seed: u64,
+    /// Epochs exposed (`--epochs`).
+    pub epochs: u64,
+    /// Stream or documents (`--mode`).
+    pub mode: Mode,
+    /// Value of the first field of padding records in documents mode (`--pad-id`).
+    pub pad_id: Option<i128>,
+    /// Most names a directory listing shows (`--max-listing`; 0: no bound). Changes no byte
+    /// of any file but `info.json`, which reports it.
+    pub max_listing: u64,
+}
+
+impl ViewConfig {
+    /// A stream-mode configuration.
+    pub fn stream(
+        window: u64,
+        stride: u64,
+        batch_size: u64,
+        ranks: u64,
+        seed: u64,
+        epochs: u64,
+    ) -> ViewConfig {
+        ViewConfig {
+            window,
+            stride: Some(stride),
+            batch_size,
+            ranks,
+            seed,
+            epochs,
+            mode: Mode::Stream,
+            pad_id: None,
+            max_listing: DEFAULT_MAX_LISTING,
+        }
+    }
+}
+
+/// The observation ids of a step and their first records (tests and tools).
+#[derive(Clone, Debug, Serialize)]
+pub struct StepInfo {
+    /// Epoch.
+    pub epoch: u64,
+    /// Rank.
+    pub rank: u64,
+    /// Step within the epoch.
+    pub step: u64,
+    /// Observation ids, in row order.
+    pub observations: Vec<u64>,
+}
+
+/// A dataset seen through a plan: the bytes of every file.
+#[derive(Debug)]
+pub struct View {
+    dataset: Dataset,
+    plan: Plan,
+    mode: Mode,
+    window: u64,
+    /// Stream mode geometry (also used for `token_starts`).
+    windows: Windows,
+    itemsize: u64,
+    npy_header: Vec<u8>,
+    pad_record: Vec<u8>,
+    info: Info,
+    info_json: Vec<u8>,
+}
+
+impl View {
+    /// Builds the view, refusing configurations that would serve nothing or overflow.
+    pub fn new(dataset: Dataset, config: &ViewConfig) -> Result<View> {
+        let record: &RecordType = dataset.record_type();
+        let itemsize = record.itemsize() as u64;
+        let stride = config.stride.unwrap_or(config.window);
+        let windows = Windows::new(dataset.n_records(), config.window, stride, itemsize)?;
+        let n_obs = observations(&dataset, config, &windows)?;
+        let plan = Plan::new(
+            n_obs,
+            config.batch_size,
+            config.ranks,
+            config.seed,
+            config.epochs,
+        )?;
+        check_serves(&dataset, config, &plan, stride)?;
+        // Every file must be numberable; checked here so `plan` and `bench` refuse exactly
+        // what `mount` refuses.
+        Inodes::new(Shape::of(&plan))?;
+        let npy_header = npy::header(&record.npy_descr(), &[config.batch_size, config.window])?;
+        let data_bytes = config
+            .batch_size
+            .checked_mul(windows.row_bytes())
+            .filter(|b| b.checked_add(npy_header.len() as u64).is_some())
+            .ok_or_else(|| {
+                Error::invalid("--batch-size times --window is too large for one file")
+            })?;
+        let pad_id = (config.mode == Mode::Documents).then(|| config.pad_id.unwrap_or(0));
+        let geometry = Geometry {
+            mode: config.mode,
+            window: config.window,
+            stride,
+            pad_id,
+            step_file_bytes: npy_header.len() as u64 + data_bytes,
+            npy_header_bytes: npy_header.len() as u64,
+            max_listing: config.max_listing,
+        };
+        let info = Info::new(&dataset, &plan, geometry);
+        Ok(View {
+            pad_record: record.pad_record(pad_id.unwrap_or(0)),
+            info_json: info.to_json(),
+            dataset,
+            plan,
+            mode: config.mode,
+            window: config.window,
+            windows,
+            itemsize,
+            npy_header,
+            info,
+        })
+    }
+
+    /// Opens the dataset at `dir` and builds the view.
+    pub fn open(dir: &Path, config: &ViewConfig) -> Result<View> {
+        View::new(Dataset::open(dir)?, config)
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The dataset.
+    pub fn dataset(&self) -> &Dataset {
+        &self.dataset
+    }
+
+    /// Stream or documents.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The parsed `info.json`.
+    pub fn info(&self) -> &Info {
+        &self.info
+    }
+
+    /// The bytes of `info.json`.
+    pub fn info_json(&self) -> &[u8] {
+        &self.info_json
+    }
+
+    /// The mount's fingerprint (16 hex digits).
+    pub fn fingerprint(&self) -> &str {
+        &self.info.fingerprint
+    }
+
+    /// `--expect-fingerprint`: an error unless `expected` (white space around it ignored, any
+    /// case) is this view's fingerprint.
+    pub fn check_fingerprint(&self, expected: &str) -> Result<()> {
+        let fingerprint = &self.info.fingerprint;
+        if expected.trim().eq_ignore_ascii_case(fingerprint) {
+            return Ok(());
+        }
+        Err(Error::invalid(format!(
+            "--expect-fingerprint {expected} does not match this mount's fingerprint \
+             {fingerprint}: the dataset (its content or checksums), the global plan (seed, \
+             window, stride, global batch = batch size x ranks, mode, pad id) or the format or \
+             algorithm version differ from the run being resumed (ranks, batch size and epochs \
+             may change while batch size x ranks stays); compare `shufflefs plan DATASET_DIR \
+             ... --info` outputs, or drop the flag to start a new order"
+        )))
+    }
+
+    /// Size of every step `.npy` file.
+    pub fn step_npy_len(&self) -> u64 {
+        self.info.step_file_bytes
+    }
+
+    /// The observation ids of `key`, in row order.
+    pub fn step_info(&self, key: StepKey) -> StepInfo {
+        StepInfo {
+            epoch: key.epoch,
+            rank: key.rank,
+            step: key.step,
+            observations: self.plan.observations(key).collect(),
+        }
+    }
+}
+
+/// How many observations `config` makes of `dataset`, refusing options of the other mode and a
+/// pad id the record type cannot hold.
+fn observations(dataset: &Dataset, config: &ViewConfig, windows: &Windows) -> Result<u64> {
+    let n_obs = match config.mode {
+        Mode::Stream => windows.n_observations(),
+        Mode::Documents => dataset.n_documents().ok_or_else(|| {
+            Error::invalid(
+                "--mode documents needs a dataset with documents: pack JSON Lines inputs or use \
+                 --doc-sep",
+            )
+        })?,
+    };
+    if config.mode == Mode::Documents && config.stride.is_some_and(|s| s != config.window) {
+        return Err(Error::invalid(
+            "--stride has no meaning in --mode documents",
+        ));
+    }
+    if config.mode == Mode::Stream && config.pad_id.is_some() {
+        return Err(Error::invalid("--pad-id only applies to --mode documents"));
+    }
+    if let Some(pad) = config.pad_id {
+        let t = dataset.record_type().token_type();
+        if t.int_range().is_none_or(|(lo, hi)| pad < lo || pad > hi) {
+            return Err(Error::invalid(format!("--pad-id {pad} is not a {t} value")));
+        }
+    }
+    Ok(n_obs)
+}
+
+/// Refuses a plan of no step: fewer observations than one global batch.
+fn check_serves(dataset: &Dataset, config: &ViewConfig, plan: &Plan, stride: u64) -> Result<()> {
+    if plan.steps_per_epoch() > 0 {
+        return Ok(());
+    }
+    let n_obs = plan.n_observations();
+    let what = match config.mode {
+        Mode::Stream => format!(
+            "the dataset has {} tokens, which make {n_obs} windows of {} (stride {stride})",
+            dataset.n_records(),
+            config.window
+        ),
+        Mode::Documents => format!("the dataset has {n_obs} documents"),
+    };
+    Err(Error::invalid(format!(
+        "{what}, fewer than one global batch of {} (batch size {} x {} ranks): nothing to \
+         serve; lower {}",
+        plan.global_batch(),
+        config.batch_size,
+        config.ranks,
+        match config.mode {
+            Mode::Stream => "--window, --batch-size or --ranks",
+            Mode::Documents => "--batch-size or --ranks",
+        }
+    )))
+}

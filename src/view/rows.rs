@@ -1,0 +1,189 @@
+//! The bytes of the `.npy` files: `S.npy` (a step's rows, shuffled) and `observation/I.npy`
+//! (one observation, unshuffled).
+//!
+//! A read fills exactly the requested range: the header bytes it covers, then for each row
+//! piece one read of the stream (stream mode: the window; documents mode: the document's
+//! records, then padding records). The observations of the rows a range touches are computed
+//! together (`StepObservations::fill`, a batched permutation).
+
+use super::{Mode, View};
+use crate::dataset::Document;
+use crate::error::{Error, Result};
+use crate::format::npy;
+use crate::shuffle::plan::StepKey;
+
+impl View {
+    /// Fills `buf` with the bytes of `S.npy` for `key` starting at `offset`, and returns how
+    /// many bytes that is: `min(buf.len(), len - offset)`, 0 at or past the end. Only the
+    /// shard bytes of the rows the range covers are read, one pread per row piece.
+    pub fn read_step_npy(&self, key: StepKey, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        // The observations of the rows this range touches, computed together (batched
+        // permutation), then looked up row by row.
+        let header_len = self.npy_header.len() as u64;
+        let row_bytes = self.window * self.itemsize;
+        let data_start = offset.saturating_sub(header_len);
+        let data_end = (offset + buf.len() as u64).saturating_sub(header_len);
+        let first = (data_start / row_bytes).min(self.plan.batch_size());
+        let end = data_end.div_ceil(row_bytes).min(self.plan.batch_size());
+        let mut rows = vec![0u64; end.saturating_sub(first) as usize];
+        self.plan.observations(key).fill(first, &mut rows);
+        self.read_rows_npy(&self.npy_header, self.window, offset, buf, |row| {
+            rows.get(row.wrapping_sub(first) as usize)
+                .copied()
+                .ok_or_else(|| Error::invalid(format!("row {row} outside the rows computed")))
+        })
+    }
+
+    /// The whole `S.npy` for `key`.
+    pub fn render_step_npy(&self, key: StepKey) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.step_npy_len() as usize];
+        self.render_step_npy_into(key, &mut out)?;
+        Ok(out)
+    }
+
+    /// The whole `S.npy` for `key` into `out`, which must be exactly its size.
+    pub fn render_step_npy_into(&self, key: StepKey, out: &mut [u8]) -> Result<()> {
+        if out.len() as u64 != self.step_npy_len() {
+            return Err(Error::invalid(format!(
+                "a step file is {} bytes, not {}",
+                self.step_npy_len(),
+                out.len()
+            )));
+        }
+        let n = self.read_step_npy(key, 0, out)?;
+        if n != out.len() {
+            return Err(Error::invalid(format!(
+                "step {key:?} assembled only {n} bytes"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads a `.npy` made of `header` and rows of `row_records` records, row `r` being
+    /// observation `observation(r)`.
+    fn read_rows_npy(
+        &self,
+        header: &[u8],
+        row_records: u64,
+        offset: u64,
+        buf: &mut [u8],
+        observation: impl Fn(u64) -> Result<u64>,
+    ) -> Result<usize> {
+        let header_len = header.len() as u64;
+        let row_bytes = row_records * self.itemsize;
+        let len = header_len + self.plan.batch_size() * row_bytes;
+        if offset >= len {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(len - offset) as usize;
+        let buf = &mut buf[..n];
+        let mut filled = 0usize;
+        if offset < header_len {
+            let take = ((header_len - offset) as usize).min(n);
+            buf[..take].copy_from_slice(&header[offset as usize..offset as usize + take]);
+            filled = take;
+        }
+        if filled == n {
+            return Ok(n);
+        }
+        // Data region, in bytes relative to the first row.
+        let mut data_pos = offset + filled as u64 - header_len;
+        let data_end = offset + n as u64 - header_len;
+        let mut current: Option<(u64, Document)> = None;
+        while data_pos < data_end {
+            let row = data_pos / row_bytes;
+            let within = data_pos % row_bytes;
+            let take = (row_bytes - within).min(data_end - data_pos) as usize;
+            let out = &mut buf[filled..filled + take];
+            let obs = observation(row)?;
+            match self.mode {
+                Mode::Stream => {
+                    self.dataset
+                        .read_stream(self.windows.byte_offset(obs) + within, out)?;
+                }
+                Mode::Documents => {
+                    if current.as_ref().is_none_or(|(r, _)| *r != row) {
+                        current = Some((row, self.dataset.document(obs)?));
+                    }
+                    let doc = &current.as_ref().expect("set above").1;
+                    self.fill_doc_row(doc, row_records, within, out)?;
+                }
+            }
+            filled += take;
+            data_pos += take as u64;
+        }
+        Ok(n)
+    }
+
+    /// Bytes `[within, within + out.len())` of a padded document row.
+    fn fill_doc_row(
+        &self,
+        doc: &Document,
+        row_records: u64,
+        within: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let data_bytes = doc.len.min(row_records) * self.itemsize;
+        let end = within + out.len() as u64;
+        let copy_end = end.min(data_bytes);
+        let mut k = 0usize;
+        if within < copy_end {
+            k = (copy_end - within) as usize;
+            self.dataset
+                .read_stream(doc.start * self.itemsize + within, &mut out[..k])?;
+        }
+        for (i, b) in out[k..].iter_mut().enumerate() {
+            let pos = within + (k + i) as u64;
+            *b = self.pad_record[(pos % self.itemsize) as usize];
+        }
+        Ok(())
+    }
+
+    /// Size of `observation/I.npy`.
+    pub fn observation_npy_len(&self, observation: u64) -> Result<u64> {
+        let (header, records) = self.observation_shape(observation)?;
+        Ok(header.len() as u64 + records * self.itemsize)
+    }
+
+    fn observation_shape(&self, observation: u64) -> Result<(Vec<u8>, u64)> {
+        let records = match self.mode {
+            Mode::Stream => self.window,
+            Mode::Documents => self.dataset.document(observation)?.len,
+        };
+        let header = npy::header(&self.dataset.record_type().npy_descr(), &[records])?;
+        Ok((header, records))
+    }
+
+    /// Reads `observation/I.npy`: the observation unshuffled (a window, or a whole document),
+    /// shape `(records,)`.
+    pub fn read_observation_npy(
+        &self,
+        observation: u64,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let (header, records) = self.observation_shape(observation)?;
+        let header_len = header.len() as u64;
+        let len = header_len + records * self.itemsize;
+        if offset >= len {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(len - offset) as usize;
+        let buf = &mut buf[..n];
+        let mut filled = 0;
+        if offset < header_len {
+            filled = ((header_len - offset) as usize).min(n);
+            buf[..filled].copy_from_slice(&header[offset as usize..offset as usize + filled]);
+        }
+        if filled < n {
+            let within = offset + filled as u64 - header_len;
+            let start = match self.mode {
+                Mode::Stream => self.windows.first_record(observation),
+                Mode::Documents => self.dataset.document(observation)?.start,
+            };
+            self.dataset
+                .read_stream(start * self.itemsize + within, &mut buf[filled..])?;
+        }
+        Ok(n)
+    }
+}
