@@ -21,60 +21,51 @@ struct Entry {
     unread_prefetch: bool,
 }
 
-/// Counters of the cache and the prefetcher.
+/// Counters of the cache and the prefetcher (changed only through the cache's methods).
 #[derive(Debug, Default)]
-pub struct Counters {
-    /// Reads answered from the cache.
-    pub hits: AtomicU64,
-    /// Reads that had to assemble the step themselves.
-    pub misses: AtomicU64,
-    /// Steps assembled by the prefetcher.
-    pub prefetched: AtomicU64,
-    /// Prefetched steps later read from the cache.
-    pub prefetch_used: AtomicU64,
-    /// Prefetched steps evicted before any read.
-    pub prefetch_wasted: AtomicU64,
-    /// Prefetches that failed (the later foreground read retries on its own).
-    pub prefetch_failed: AtomicU64,
-    /// Reads that found their step being assembled by the prefetcher and waited for it
-    /// instead of assembling it a second time.
-    pub prefetch_waited: AtomicU64,
-    /// Reads that found their step still queued for prefetch and took it over (the
-    /// prefetcher was behind the reader).
-    pub prefetch_claimed: AtomicU64,
-    /// Periods the governor paused prefetch because reads were faster without it.
-    pub prefetch_paused: AtomicU64,
-    /// Entries evicted to stay within the budget.
-    pub evicted: AtomicU64,
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    prefetched: AtomicU64,
+    prefetch_used: AtomicU64,
+    prefetch_wasted: AtomicU64,
+    prefetch_failed: AtomicU64,
+    prefetch_waited: AtomicU64,
+    prefetch_claimed: AtomicU64,
+    prefetch_paused: AtomicU64,
+    evicted: AtomicU64,
 }
 
-/// A snapshot of the counters, as served in `stats.json`.
+/// A snapshot of the counters, as served in `stats.json` (whose keys have always been in
+/// alphabetical order: the fields are).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Stats {
+    /// Maximum entries.
+    pub capacity: u64,
+    /// Entries in the cache now.
+    pub entries: u64,
+    /// Entries evicted to stay within the budget.
+    pub evicted: u64,
     /// Reads answered from the cache.
     pub hits: u64,
     /// Reads that had to assemble the step themselves.
     pub misses: u64,
-    /// Steps assembled by the prefetcher.
-    pub prefetched: u64,
-    /// Prefetched steps later read from the cache.
-    pub prefetch_used: u64,
-    /// Prefetched steps evicted before any read.
-    pub prefetch_wasted: u64,
-    /// Prefetches that failed.
-    pub prefetch_failed: u64,
-    /// Reads that waited for the prefetcher to finish their step.
-    pub prefetch_waited: u64,
-    /// Reads that took over a step still queued for prefetch.
+    /// Reads that took over a step still queued for prefetch (the prefetcher was behind the
+    /// reader).
     pub prefetch_claimed: u64,
+    /// Prefetches that failed (the later foreground read retries on its own).
+    pub prefetch_failed: u64,
     /// Periods prefetch was paused because reads were faster without it.
     pub prefetch_paused: u64,
-    /// Entries evicted to stay within the budget.
-    pub evicted: u64,
-    /// Entries in the cache now.
-    pub entries: u64,
-    /// Maximum entries.
-    pub capacity: u64,
+    /// Prefetched steps later read from the cache.
+    pub prefetch_used: u64,
+    /// Reads that found their step being assembled by the prefetcher and waited for it
+    /// instead of assembling it a second time.
+    pub prefetch_waited: u64,
+    /// Prefetched steps evicted before any read.
+    pub prefetch_wasted: u64,
+    /// Steps assembled by the prefetcher.
+    pub prefetched: u64,
 }
 
 /// Evicted buffers kept for reuse.
@@ -89,8 +80,7 @@ pub struct StepCache {
     /// Evicted files no reply still holds, reused by [`StepCache::buffer`]: the prefetcher
     /// then neither allocates, zero-fills nor page-faults in its steady state.
     spare: Mutex<Vec<Arc<[u8]>>>,
-    /// The counters (the prefetcher updates some of them).
-    pub counters: Counters,
+    counters: Counters,
 }
 
 impl std::fmt::Debug for StepCache {
@@ -197,6 +187,39 @@ impl StepCache {
                 }
             }
         }
+    }
+
+    /// A read that found nothing assembled assembles its range itself.
+    pub(crate) fn count_miss(&self) {
+        self.counters.misses.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A prefetch failed (the reader retries on its own).
+    pub(crate) fn count_prefetch_failed(&self) {
+        self.counters
+            .prefetch_failed
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A read waits for the prefetcher to finish its step.
+    pub(crate) fn count_prefetch_waited(&self) {
+        self.counters
+            .prefetch_waited
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A read took over a step still queued for prefetch.
+    pub(crate) fn count_prefetch_claimed(&self) {
+        self.counters
+            .prefetch_claimed
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The governor paused prefetch for a period.
+    pub(crate) fn count_prefetch_paused(&self) {
+        self.counters
+            .prefetch_paused
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// The keys in the cache, most recently used first (tests).

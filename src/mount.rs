@@ -17,8 +17,9 @@ use fuser::{MountOption, SessionACL, SessionUnmounter};
 use log::{info, warn};
 
 use crate::error::{Error, Result};
+use crate::fs::Ownership;
 use crate::fs::ShuffleFs;
-use crate::fuse::{FuseAdapter, KernelCache, Ownership, QUIESCE_NAME, RESUME_NAME};
+use crate::fuse::{FuseAdapter, KernelCache, QUIESCE_NAME, RESUME_NAME};
 use crate::logging::user_name;
 
 /// The prefix of a shufflefs mount's source in the mount table (`shufflefs:/path/to/dataset`):
@@ -66,7 +67,7 @@ impl Default for MountOptions {
 pub(crate) const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// FUSE worker threads by default: one per core, plus the one that never reads shards (so a
-/// stalled shard cannot block `stat`, `ls` and other steps; see `fuse.rs`).
+/// stalled shard cannot block `stat`, `ls` and other steps; see `fuse/dispatch.rs`).
 pub(crate) fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get()) + 1
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::cli::{BenchArgs, BenchFile, BenchSource};
 use crate::error::{Error, Result};
-use crate::prefetch::PREFILL_DEPTH;
+use crate::prefill::PREFILL_DEPTH;
 use crate::shuffle::plan::StepKey;
 use crate::view::{View, ViewConfig};
 

@@ -20,8 +20,8 @@ use nix::unistd::{ForkResult, fork, setsid};
 
 use crate::cli::MountArgs;
 use crate::error::{Error, Result};
+use crate::fs::Ownership;
 use crate::fs::ShuffleFs;
-use crate::fuse::Ownership;
 use crate::logging;
 use crate::mount::{MountOptions, default_threads, mount, prepare_mountpoint};
 use crate::prefetch::PrefetchConfig;

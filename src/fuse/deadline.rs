@@ -10,7 +10,7 @@
 //! its answer is discarded.
 //!
 //! Requests that need no shard (cache hits, directory listings, most attributes) never come
-//! here; the size of a JSON file of a dataset with documents does (`fuse.rs`, `with_deadline`).
+//! here; the size of a JSON file of a dataset with documents does (`dispatch.rs` decides).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -19,16 +19,20 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroUsize;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+mod governor;
+
+use governor::Governor;
 
 use log::trace;
 use lru::LruCache;
 
 use crate::cache::StepCache;
 use crate::error::Result;
+use crate::prefill::{PREFILL_DEPTH, Prefill, is_trigger};
 use crate::shuffle::plan::{Plan, StepKey};
 
 /// Assembles one whole step file into the buffer (exactly its size).
@@ -102,25 +106,6 @@ struct Shared {
     /// Where finished steps are also pushed (the kernel page cache), once mounted.
     prefill: OnceLock<Arc<dyn Prefill>>,
 }
-
-/// A place finished step files can be pushed to ahead of the reader: the kernel page cache of
-/// the mount (`fuse.rs`, FUSE_NOTIFY_STORE). The core only decides what and when; the adapter
-/// knows how.
-pub trait Prefill: Send + Sync {
-    /// Pushes the step file; whether it is now stored. A `trigger` step is stored so that
-    /// reading it still tells the daemon (see `fuse.rs`): one every [`Prefetcher`] half-depth.
-    fn store(&self, key: StepKey, bytes: &[u8], trigger: bool) -> bool;
-    /// Whether the step file is believed to be in the page cache.
-    fn is_stored(&self, key: StepKey) -> bool;
-    /// Counters for `stats.json`.
-    fn stats(&self) -> serde_json::Value;
-}
-
-/// Steps ahead with prefill at least: the reader's reads of stored steps never reach the
-/// daemon, which hears of it only at every trigger step (one every `depth / 2`), so the window
-/// must be long for reads to stay ahead: 1 READ per 24 steps, ~96% of step files served by
-/// the kernel alone.
-pub(crate) const PREFILL_DEPTH: u64 = 48;
 
 impl Shared {
     /// The prefetch depth: deeper with prefill; never beyond [`MAX_DEPTH`].
@@ -254,10 +239,7 @@ impl Prefetcher {
         {
             let (on, paused) = g.tick(Instant::now());
             if paused {
-                s.cache
-                    .counters
-                    .prefetch_paused
-                    .fetch_add(1, Ordering::Relaxed);
+                s.cache.count_prefetch_paused();
                 log::debug!(
                     "prefetch paused for {:?}: reads are faster without it",
                     Governor::PERIOD
@@ -308,10 +290,7 @@ impl Prefetcher {
         let mut state = s.state.lock().unwrap_or_else(|p| p.into_inner());
         match state.pending.get(&key) {
             Some(Pending::Assembling) => {
-                s.cache
-                    .counters
-                    .prefetch_waited
-                    .fetch_add(1, Ordering::Relaxed);
+                s.cache.count_prefetch_waited();
                 let deadline = Instant::now() + max_wait;
                 while state.pending.get(&key) == Some(&Pending::Assembling) {
                     let left = deadline.saturating_duration_since(Instant::now());
@@ -335,10 +314,7 @@ impl Prefetcher {
             queued => {
                 if queued.is_some() {
                     state.queue.retain(|k| *k != key);
-                    s.cache
-                        .counters
-                        .prefetch_claimed
-                        .fetch_add(1, Ordering::Relaxed);
+                    s.cache.count_prefetch_claimed();
                 }
                 state.pending.insert(key, Pending::Reading);
                 Claim::Yours(ReadGuard(Some((self, key))))
@@ -347,12 +323,12 @@ impl Prefetcher {
     }
 
     /// From now on, every prefetched step is also pushed to `prefill` (once).
-    pub fn set_prefill(&self, prefill: Arc<dyn Prefill>) {
+    pub(crate) fn set_prefill(&self, prefill: Arc<dyn Prefill>) {
         let _ = self.shared.prefill.set(prefill);
     }
 
     /// The prefill target, if set.
-    pub fn prefill(&self) -> Option<&Arc<dyn Prefill>> {
+    pub(crate) fn prefill(&self) -> Option<&Arc<dyn Prefill>> {
         self.shared.prefill.get()
     }
 
@@ -367,115 +343,6 @@ impl Prefetcher {
         while let Some(key) = take(&self.shared, false) {
             assemble(&self.shared, key);
         }
-    }
-}
-
-/// Decides, from the read rate the readers achieve, whether prefetching helps.
-///
-/// Prefetch moves step assembly to other threads. When readers leave CPU idle (a trainer
-/// computing between reads, or one reader on a multi-core node) that hides the assembly; when
-/// unpaced readers already keep every core busy, it only adds hand-offs and cache-cold copies
-/// (measured: two unpaced readers on 2 vCPUs lose ~20%). So the governor runs an experiment
-/// every [`Governor::PERIOD`]: reads with prefetch off for [`Governor::PROBE`], then on for as
-/// long, and keeps prefetch off for the next period only if reads were more than 5% faster
-/// without it. Each win of prefetch doubles the time to the next experiment (up to
-/// [`Governor::MAX_PERIOD`]), as an experiment costs a paced reader the steps it reads
-/// without prefetch. A paced reader reads at the same rate either way, so the tie keeps prefetch on
-/// (it still lowers the latency of each read). Driven by the reads themselves: no thread, no
-/// timer; [`Governor::tick`] takes the time as an argument, so tests need no clock.
-#[derive(Clone, Debug)]
-pub(crate) struct Governor {
-    phase: Phase,
-    started: Instant,
-    last: Instant,
-    /// Time spent reading in the current probe: gaps between reads longer than
-    /// [`Governor::GAP`] (nobody reading) do not count.
-    active: Duration,
-    reads: u64,
-    rate_off: f64,
-    on: bool,
-    /// Time until the next experiment: doubles (up to [`Governor::MAX_PERIOD`]) each time
-    /// prefetch wins, since each experiment costs a paced reader some prefetched steps.
-    period: Duration,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    Steady,
-    ProbeOff,
-    ProbeOn,
-}
-
-impl Governor {
-    /// Time between experiments, at first and after prefetch lost one.
-    pub(crate) const PERIOD: Duration = Duration::from_secs(5);
-    /// Longest time between experiments.
-    pub(crate) const MAX_PERIOD: Duration = Duration::from_secs(80);
-    /// Reading time of each half of an experiment.
-    pub(crate) const PROBE: Duration = Duration::from_millis(250);
-    /// A pause between two reads counts as reading time up to this long (longer pauses are
-    /// mostly idle time).
-    pub(crate) const GAP: Duration = Duration::from_millis(50);
-
-    /// Starts with prefetch on, first experiment after one period.
-    pub(crate) fn new(now: Instant) -> Governor {
-        Governor {
-            phase: Phase::Steady,
-            started: now,
-            last: now,
-            active: Duration::ZERO,
-            reads: 0,
-            rate_off: 0.0,
-            on: true,
-            period: Self::PERIOD,
-        }
-    }
-
-    /// Records one read at `now`; returns whether prefetch is on, and whether this read just
-    /// decided to pause it for a period.
-    pub(crate) fn tick(&mut self, now: Instant) -> (bool, bool) {
-        let since_last = now.saturating_duration_since(self.last).min(Self::GAP);
-        self.last = now;
-        let mut paused = false;
-        match self.phase {
-            Phase::Steady if now.saturating_duration_since(self.started) >= self.period => {
-                self.phase = Phase::ProbeOff;
-                self.active = Duration::ZERO;
-                self.reads = 0;
-                self.on = false;
-            }
-            Phase::Steady => {}
-            Phase::ProbeOff | Phase::ProbeOn => {
-                self.reads += 1;
-                self.active += since_last;
-                if self.active >= Self::PROBE {
-                    let rate = self.reads as f64 / self.active.as_secs_f64();
-                    if self.phase == Phase::ProbeOff {
-                        self.rate_off = rate;
-                        self.phase = Phase::ProbeOn;
-                        self.on = true;
-                    } else {
-                        self.on = self.rate_off <= rate * 1.05;
-                        paused = !self.on;
-                        self.period = if self.on {
-                            (self.period * 2).min(Self::MAX_PERIOD)
-                        } else {
-                            Self::PERIOD
-                        };
-                        self.phase = Phase::Steady;
-                        self.started = now;
-                    }
-                    self.active = Duration::ZERO;
-                    self.reads = 0;
-                }
-            }
-        }
-        (self.on, paused)
-    }
-
-    /// Whether prefetch is on.
-    pub(crate) fn is_on(&self) -> bool {
-        self.on
     }
 }
 
@@ -512,10 +379,7 @@ fn assemble(s: &Shared, key: StepKey) {
                     Some(bytes)
                 }
                 Err(e) => {
-                    s.cache
-                        .counters
-                        .prefetch_failed
-                        .fetch_add(1, Ordering::Relaxed);
+                    s.cache.count_prefetch_failed();
                     crate::log_limited!(
                         log::Level::Warn,
                         e.cause("prefetch"),
@@ -539,12 +403,7 @@ fn assemble(s: &Shared, key: StepKey) {
         && !read_lately
         && !p.is_stored(key)
     {
-        let ordinal = s.plan.global_step(key);
-        p.store(
-            key,
-            bytes,
-            ordinal.is_multiple_of((s.depth_now() / 2).max(1)),
-        );
+        p.store(key, bytes, is_trigger(&s.plan, key, s.depth_now()));
     }
 }
 
@@ -705,35 +564,6 @@ mod tests {
             step: MAX_DEPTH % 10,
         };
         assert!(cache.contains(last), "{:?}", cache.keys());
-    }
-
-    #[test]
-    fn governor_pauses_prefetch_only_when_reads_are_faster_without_it() {
-        let t0 = Instant::now();
-        let us = |n: u64| t0 + Duration::from_micros(n);
-        // Reads at a steady pace `off_us` apart without prefetch and `on_us` apart with it.
-        let run = |off_us: u64, on_us: u64| {
-            let mut g = Governor::new(t0);
-            assert_eq!(g.tick(us(1_000_000)), (true, false), "steady at first");
-            let mut t = 5_000_000;
-            assert_eq!(g.tick(us(t)), (false, false), "the experiment starts: off");
-            while !g.is_on() {
-                t += off_us;
-                g.tick(us(t));
-            }
-            let mut decided = (true, false);
-            while g.phase == Phase::ProbeOn {
-                t += on_us;
-                decided = g.tick(us(t));
-            }
-            // An idle minute in the next period changes nothing until it ends.
-            assert_eq!(g.tick(us(t + 4_000_000)).0, decided.0);
-            decided
-        };
-        assert_eq!(run(100, 125), (false, true), "20% faster off: paused");
-        assert_eq!(run(100, 100), (true, false), "a tie keeps prefetch on");
-        assert_eq!(run(100, 103), (true, false), "within 5%: on");
-        assert_eq!(run(200, 100), (true, false), "faster on: on");
     }
 
     #[test]

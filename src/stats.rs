@@ -1,0 +1,101 @@
+//! `stats.json`: the counters of the step cache, the prefetcher and the page-cache prefill, as
+//! pretty JSON and a newline (its keys in alphabetical order, as they have always been).
+//!
+//! The file changes while mounted. Each open of it reads one rendering (`fuse/handles.rs`
+//! keeps a snapshot per open), and its size in `stat` is that of a rendering at the time of
+//! the `stat`. With `--prefill` every file is read through the page cache, which trusts the
+//! size `stat` returned, while the counters can change between that `stat` and the read: a
+//! rendering longer than the size would be cut, a shorter one zero-filled. So the JSON is then
+//! padded to a multiple of [`PADDED_LEN`] bytes with carriage returns before its final newline:
+//! JSON white space that a terminal does not show (each one moves the cursor back to the start
+//! of the line the closing brace is on).
+
+use serde::Serialize;
+
+use crate::cache::{self, StepCache};
+use crate::prefetch::Prefetcher;
+use crate::prefill::PrefillStats;
+
+/// With `--prefill`, `stats.json` is padded to a multiple of this size.
+pub(crate) const PADDED_LEN: usize = 4096;
+
+/// The content of `stats.json`.
+#[derive(Serialize)]
+struct Stats {
+    cache: cache::Stats,
+    cache_enabled: bool,
+    prefetch_active: bool,
+    prefill: Option<PrefillStats>,
+}
+
+/// The bytes of `stats.json` (see the module docs; `padded` with `--prefill`).
+pub(crate) fn render(
+    cache: Option<&StepCache>,
+    prefetcher: Option<&Prefetcher>,
+    padded: bool,
+) -> Vec<u8> {
+    let stats = Stats {
+        cache: cache.map(StepCache::stats).unwrap_or_default(),
+        cache_enabled: cache.is_some(),
+        prefetch_active: prefetcher.is_some_and(Prefetcher::is_active),
+        prefill: prefetcher.and_then(|p| p.prefill()).map(|p| p.stats()),
+    };
+    let mut out = serde_json::to_vec_pretty(&stats).expect("stats serialize");
+    if padded {
+        let len = (out.len() + 1).next_multiple_of(PADDED_LEN);
+        out.resize(len - 1, b'\r');
+    }
+    out.push(b'\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bytes_are_those_of_a_json_value_with_sorted_keys() {
+        let cache = StepCache::new(4, 3);
+        cache.insert(
+            crate::shuffle::plan::StepKey {
+                epoch: 0,
+                rank: 0,
+                step: 1,
+            },
+            vec![1, 2, 3].into(),
+            true,
+        );
+        let prefill = PrefillStats {
+            stored: 3,
+            dropped: 1,
+            ..PrefillStats::default()
+        };
+        let stats = Stats {
+            cache: cache.stats(),
+            cache_enabled: true,
+            prefetch_active: false,
+            prefill: Some(prefill),
+        };
+        // How stats.json was made before it was a struct: a serde_json::Value, whose maps
+        // sort their keys.
+        let value = serde_json::json!({
+            "cache_enabled": true,
+            "cache": cache.stats(),
+            "prefetch_active": false,
+            "prefill": prefill,
+        });
+        assert_eq!(
+            serde_json::to_vec_pretty(&stats).unwrap(),
+            serde_json::to_vec_pretty(&value).unwrap()
+        );
+        let padded = render(Some(&cache), None, true);
+        assert_eq!(padded.len() % PADDED_LEN, 0);
+        let end = padded.iter().rposition(|&b| b == b'}').unwrap();
+        assert!(
+            padded[end + 1..padded.len() - 1]
+                .iter()
+                .all(|&b| b == b'\r')
+        );
+        assert_eq!(padded.last(), Some(&b'\n'));
+    }
+}
