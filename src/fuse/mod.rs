@@ -23,6 +23,7 @@ mod deadline;
 mod dispatch;
 mod handles;
 mod kernel_cache;
+pub(crate) mod session;
 
 use attr::{file_attr, file_type};
 use dispatch::{Answer, Dispatch, read_failed};
