@@ -1,10 +1,19 @@
-//! Command-line types (clap derive only). Each command converts its arguments into library
-//! configuration in `cmd/`; the library never sees clap.
+//! Command-line types (clap derive only) and their value parsers. Each command converts its
+//! arguments into library configuration in `cmd/`; the library never sees clap.
+//!
+//! A value that is a number of the wrong form is clap's usage error (exit 2); a value our own
+//! parsers refuse (a size, a duration, a mode, a token type) is an [`Error`] naming the flag,
+//! the value and what to write instead: `main.rs` prints it as it prints every other error,
+//! and exits 1 ([`value_error`]).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, Parser, Subcommand};
+
+use crate::error::{Error, Result};
+use crate::format::dtype::ScalarType;
 
 const PLAN_HEADING: &str = "Plan options (must match between mount and plan)";
 const MOUNT_HEADING: &str = "Mount options";
@@ -43,6 +52,87 @@ fn ranged_usize(lo: u64, hi: u64) -> RangedU64ValueParser<usize> {
 
 fn ranged_u32(lo: u64, hi: u64) -> RangedU64ValueParser<u32> {
     RangedU64ValueParser::new().range(lo..=hi)
+}
+
+/// The error one of our value parsers gave, if `e` is one (see the module docs).
+pub fn value_error(e: &clap::Error) -> Option<&Error> {
+    std::error::Error::source(e)?.downcast_ref::<Error>()
+}
+
+/// A byte size: a number with an optional binary suffix (`K`/`KiB`, `M`/`MiB`, `G`/`GiB`,
+/// `T`/`TiB`, case-insensitive) or `B`.
+fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, suffix) = t.split_at(split);
+    let shift = match suffix.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" | "kb" => 10,
+        "m" | "mib" | "mb" => 20,
+        "g" | "gib" | "gb" => 30,
+        "t" | "tib" | "tb" => 40,
+        _ => return None,
+    };
+    let n: u64 = digits.parse().ok()?;
+    n.checked_mul(1u64 << shift)
+}
+
+/// A byte size of `flag` ([`parse_size`]).
+fn size(flag: &'static str) -> impl Fn(&str) -> Result<u64> + Clone + Send + Sync {
+    move |text| {
+        parse_size(text).ok_or_else(|| {
+            Error::invalid(format!(
+                "{flag} {text:?}: invalid size: use bytes with an optional suffix, e.g. 1GiB, \
+                 512MiB, 4096"
+            ))
+        })
+    }
+}
+
+/// A duration in seconds, decimals allowed (`0`: none, [`Duration::ZERO`]).
+fn seconds(flag: &'static str) -> impl Fn(&str) -> Result<Duration> + Clone + Send + Sync {
+    move |text| {
+        text.trim()
+            .parse()
+            .ok()
+            .filter(|s: &f64| s.is_finite() && *s >= 0.0 && *s <= 1e9)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "{flag} {text}: expected a number of seconds such as 30 or 0.5 (0 disables)"
+                ))
+            })
+    }
+}
+
+/// Octal permission bits without write bits.
+fn mode(flag: &'static str) -> impl Fn(&str) -> Result<u16> + Clone + Send + Sync {
+    move |text| {
+        let mode = u16::from_str_radix(text.trim().trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o7777)
+            .ok_or_else(|| {
+                Error::invalid(format!("{flag} {text}: expected octal bits such as 0444"))
+            })?;
+        if mode & 0o222 != 0 {
+            return Err(Error::invalid(format!(
+                "{flag} {text}: shufflefs is read-only; drop the write bits (e.g. {:04o})",
+                mode & !0o222
+            )));
+        }
+        Ok(mode)
+    }
+}
+
+/// A token type (`--dtype`): see [`ScalarType::from_name`].
+fn dtype(text: &str) -> Result<ScalarType> {
+    ScalarType::from_name(text)
+}
+
+/// An integer token value (`--doc-sep`).
+fn token(text: &str) -> Result<i128> {
+    text.parse::<i128>()
+        .map_err(|_| Error::invalid(format!("--doc-sep {text:?} is not an integer token")))
 }
 
 /// shufflefs: globally shuffled, rank-partitioned training batches as plain .npy files.
@@ -96,11 +186,11 @@ pub struct PackArgs {
     pub inputs: Vec<PathBuf>,
     /// Token type: u8 u16 u32 u64 i32 i64, or numpy's spelling (uint16, <u2) [default: the
     /// dtype of the first .npy or llm.c input].
-    #[arg(long)]
-    pub dtype: Option<String>,
+    #[arg(long, value_parser = dtype)]
+    pub dtype: Option<ScalarType>,
     /// End a document after every token equal to TOKEN (e.g. the EOS id of a token file).
-    #[arg(long, value_name = "TOKEN", allow_hyphen_values = true)]
-    pub doc_sep: Option<String>,
+    #[arg(long, value_name = "TOKEN", allow_hyphen_values = true, value_parser = token)]
+    pub doc_sep: Option<i128>,
     /// Do not show a progress bar.
     #[arg(long)]
     pub no_progress: bool,
@@ -112,8 +202,8 @@ pub struct PackArgs {
     #[arg(long)]
     pub in_place: bool,
     /// Upper bound of each shard file (bytes; suffixes KiB MiB GiB TiB).
-    #[arg(long, default_value = "1GiB")]
-    pub shard_size: String,
+    #[arg(long, default_value = "1GiB", value_parser = size("--shard-size"))]
+    pub shard_size: u64,
     /// Replace a dataset that already exists in DATASET_DIR; also pack inputs that a
     /// heuristic refuses (text, or a raw file whose sampled values look like another token
     /// width than --dtype).
@@ -196,8 +286,8 @@ pub struct MountFlags {
     pub log_file: Option<PathBuf>,
     /// Memory for finished step files, node-wide (suffixes KiB MiB GiB; 0 disables the cache
     /// and prefetch).
-    #[arg(long, default_value = "256MiB", help_heading = MOUNT_HEADING)]
-    pub cache_size: String,
+    #[arg(long, default_value = "256MiB", value_parser = size("--cache-size"), help_heading = MOUNT_HEADING)]
+    pub cache_size: u64,
     /// Steps each rank's reader is followed ahead by background assembly (0 disables).
     #[arg(long, default_value_t = 4, value_parser = ranged(0, crate::prefetch::MAX_DEPTH), help_heading = MOUNT_HEADING)]
     pub prefetch_depth: u64,
@@ -215,8 +305,8 @@ pub struct MountFlags {
     pub expect_fingerprint: Option<String>,
     /// A read that touches shards answers EIO after this many seconds (decimals allowed; 0
     /// disables the deadline, and reads then run on the FUSE threads).
-    #[arg(long, value_name = "SECS", default_value = "30", help_heading = MOUNT_HEADING)]
-    pub read_timeout: String,
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = seconds("--read-timeout"), help_heading = MOUNT_HEADING)]
+    pub read_timeout: Duration,
     /// Owner of the files [default: the mounting user].
     #[arg(long, value_parser = ranged_u32(0, u64::from(u32::MAX) - 1), help_heading = MOUNT_HEADING)]
     pub uid: Option<u32>,
@@ -224,11 +314,11 @@ pub struct MountFlags {
     #[arg(long, value_parser = ranged_u32(0, u64::from(u32::MAX) - 1), help_heading = MOUNT_HEADING)]
     pub gid: Option<u32>,
     /// Permission bits of files, octal (write bits are not allowed).
-    #[arg(long, value_name = "OCTAL", default_value = "0444", help_heading = MOUNT_HEADING)]
-    pub file_mode: String,
+    #[arg(long, value_name = "OCTAL", default_value = "0444", value_parser = mode("--file-mode"), help_heading = MOUNT_HEADING)]
+    pub file_mode: u16,
     /// Permission bits of directories, octal (write bits are not allowed).
-    #[arg(long, value_name = "OCTAL", default_value = "0555", help_heading = MOUNT_HEADING)]
-    pub dir_mode: String,
+    #[arg(long, value_name = "OCTAL", default_value = "0555", value_parser = mode("--dir-mode"), help_heading = MOUNT_HEADING)]
+    pub dir_mode: u16,
     /// Mount over a live shufflefs mount at MOUNTPOINT instead of refusing (the new mount
     /// hides the old one until it is unmounted).
     #[arg(long, help_heading = MOUNT_HEADING)]
@@ -330,8 +420,8 @@ pub struct SynthArgs {
     #[arg(long, value_parser = ranged(1, MAX_SYNTH_TOKENS))]
     pub tokens: u64,
     /// Token type: u8 u16 u32 u64 i32 i64.
-    #[arg(long, default_value = "u32")]
-    pub dtype: String,
+    #[arg(long, default_value = "u32", value_parser = dtype)]
+    pub dtype: ScalarType,
 }
 
 /// Where `shufflefs bench` reads step files from.
@@ -390,4 +480,50 @@ pub enum BenchFile {
     Npy,
     /// S.json (with metadata rows when the dataset has documents)
     Json,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("1GiB"), Some(1 << 30));
+        assert_eq!(parse_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_size("3k"), Some(3072));
+        assert_eq!(parse_size("2 TiB"), Some(2 << 40));
+        for bad in ["", "GiB", "1.5GiB", "-1", "1XB", "99999999999999999999"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
+        assert_eq!(parse_size("16777216TiB"), None, "overflow");
+        let e = size("--shard-size")("1.5GiB").unwrap_err().to_string();
+        assert!(e.contains("--shard-size \"1.5GiB\": invalid size"), "{e}");
+    }
+
+    #[test]
+    fn modes_and_durations() {
+        assert_eq!(mode("--file-mode")("0o440").unwrap(), 0o440);
+        let e = mode("--dir-mode")("0775").unwrap_err().to_string();
+        assert!(
+            e.contains("--dir-mode 0775: shufflefs is read-only; drop the write bits (e.g. 0555)"),
+            "{e}"
+        );
+        assert_eq!(
+            seconds("--read-timeout")("0.5").unwrap(),
+            Duration::from_millis(500)
+        );
+        for bad in ["-1", "nan", "inf", "1e10", ""] {
+            assert!(seconds("--read-timeout")(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_refused_value_is_our_error_and_a_malformed_number_is_clap_s() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args).unwrap_err();
+        let e = parse(&["shufflefs", "pack", "d", "in", "--shard-size", "1.5GiB"]);
+        assert!(value_error(&e).is_some_and(|e| e.to_string().contains("invalid size")));
+        let e = parse(&["shufflefs", "synth", "out", "--tokens", "x"]);
+        assert!(value_error(&e).is_none());
+    }
 }

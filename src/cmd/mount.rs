@@ -11,7 +11,6 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::time::Duration;
 
 use log::{error, info};
 use nix::sys::signal::{SigSet, Signal};
@@ -30,38 +29,6 @@ use crate::view::{View, ViewConfig};
 
 /// More FUSE workers than this only add contention (the kernel serves one queue).
 const MAX_THREADS: usize = crate::cli::MAX_THREADS as usize;
-
-/// A duration in seconds (`0`: none).
-fn parse_seconds(flag: &str, text: &str) -> Result<Option<Duration>> {
-    let secs: f64 = text
-        .trim()
-        .parse()
-        .ok()
-        .filter(|s: &f64| s.is_finite() && *s >= 0.0 && *s <= 1e9)
-        .ok_or_else(|| {
-            Error::invalid(format!(
-                "{flag} {text}: expected a number of seconds such as 30 or 0.5 (0 disables)"
-            ))
-        })?;
-    Ok((secs > 0.0).then(|| Duration::from_secs_f64(secs)))
-}
-
-/// Octal permission bits without write bits.
-fn parse_mode(flag: &str, text: &str) -> Result<u16> {
-    let mode = u16::from_str_radix(text.trim().trim_start_matches("0o"), 8)
-        .ok()
-        .filter(|m| *m <= 0o7777)
-        .ok_or_else(|| {
-            Error::invalid(format!("{flag} {text}: expected octal bits such as 0444"))
-        })?;
-    if mode & 0o222 != 0 {
-        return Err(Error::invalid(format!(
-            "{flag} {text}: shufflefs is read-only; drop the write bits (e.g. {:04o})",
-            mode & !0o222
-        )));
-    }
-    Ok(mode)
-}
 
 /// Runs `mount`.
 pub(crate) fn run(command: MountArgs) -> Result<()> {
@@ -119,17 +86,18 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
         info.epochs,
         info.fingerprint
     );
-    let cache_size = crate::pack::parse_size(&args.cache_size)?;
+    let cache_size = args.cache_size;
     check_cache_size(cache_size, memory_limit())?;
     if let Some(expected) = &args.expect_fingerprint {
         view.check_fingerprint(expected)?;
     }
-    let read_timeout = parse_seconds("--read-timeout", &args.read_timeout)?;
+    // 0 disables the deadline.
+    let read_timeout = (!args.read_timeout.is_zero()).then_some(args.read_timeout);
     let owner = Ownership {
         uid: args.uid.unwrap_or_else(|| nix::unistd::getuid().as_raw()),
         gid: args.gid.unwrap_or_else(|| nix::unistd::getgid().as_raw()),
-        file_mode: parse_mode("--file-mode", &args.file_mode)?,
-        dir_mode: parse_mode("--dir-mode", &args.dir_mode)?,
+        file_mode: args.file_mode,
+        dir_mode: args.dir_mode,
     };
     if cache_size > 0 && args.prefetch_depth > 0 && args.prefetch_workers == 0 {
         return Err(Error::invalid(

@@ -1,29 +1,16 @@
 //! `shufflefs pack DATASET_DIR INPUT... [--dtype T] [--shard-size S] [--doc-sep TOKEN]`
 
 use crate::cli::PackArgs;
-use crate::dtype::ScalarType;
-use crate::error::{Error, Result};
-use crate::pack::{PackOptions, pack, pack_in_place, parse_size};
+use crate::error::Result;
+use crate::pack::{PackOptions, pack, pack_in_place};
 
 /// Runs `pack`.
 pub(crate) fn run(args: PackArgs) -> Result<()> {
-    let doc_sep = args
-        .doc_sep
-        .as_deref()
-        .map(|t| {
-            t.parse::<i128>()
-                .map_err(|_| Error::invalid(format!("--doc-sep {t:?} is not an integer token")))
-        })
-        .transpose()?;
     let options = PackOptions {
-        dtype: args
-            .dtype
-            .as_deref()
-            .map(ScalarType::from_name)
-            .transpose()?,
-        shard_size: parse_size(&args.shard_size)?,
+        dtype: args.dtype,
+        shard_size: args.shard_size,
         force: args.force,
-        doc_sep,
+        doc_sep: args.doc_sep,
         progress: !args.no_progress,
         max_entries_per_shard: None,
     };

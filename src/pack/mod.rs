@@ -88,30 +88,6 @@ impl Default for PackOptions {
     }
 }
 
-/// Parses a byte size: a number with an optional binary suffix (`K`/`KiB`, `M`/`MiB`,
-/// `G`/`GiB`, `T`/`TiB`, case-insensitive) or `B`.
-pub(crate) fn parse_size(text: &str) -> Result<u64> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, suffix) = t.split_at(split);
-    let shift = match suffix.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kib" | "kb" => 10,
-        "m" | "mib" | "mb" => 20,
-        "g" | "gib" | "gb" => 30,
-        "t" | "tib" | "tb" => 40,
-        _ => return Err(bad_size(text)),
-    };
-    let n: u64 = digits.parse().map_err(|_| bad_size(text))?;
-    n.checked_mul(1u64 << shift).ok_or_else(|| bad_size(text))
-}
-
-fn bad_size(text: &str) -> Error {
-    Error::invalid(format!(
-        "invalid size {text:?}: use bytes with an optional suffix, e.g. 1GiB, 512MiB, 4096"
-    ))
-}
-
 /// Everything a pack has put on disk so far, removed again if the pack fails.
 #[derive(Default)]
 struct Written {
@@ -336,22 +312,4 @@ pub fn write_positional(path: &Path, dtype: ScalarType, tokens: u64) -> Result<(
         i = end;
     }
     f.sync_all().map_err(|e| Error::io(path, e))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
-        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
-        assert_eq!(parse_size("3k").unwrap(), 3072);
-        assert_eq!(parse_size("2 TiB").unwrap(), 2 << 40);
-        for bad in ["", "GiB", "1.5GiB", "-1", "1XB", "99999999999999999999"] {
-            assert!(parse_size(bad).is_err(), "{bad}");
-        }
-        assert!(parse_size("16777216TiB").is_err(), "overflow");
-    }
 }
