@@ -93,7 +93,7 @@ impl std::fmt::Debug for StepCache {
 
 impl StepCache {
     /// A cache of at most `capacity` step files (at least 1) of `file_len` bytes each.
-    pub fn new(capacity: usize, file_len: usize) -> StepCache {
+    pub(crate) fn new(capacity: usize, file_len: usize) -> StepCache {
         let capacity = capacity.max(1);
         StepCache {
             map: Mutex::new(LruCache::new(
@@ -111,7 +111,8 @@ impl StepCache {
     }
 
     /// The step file for `key`, counting a hit or a miss.
-    pub fn get(&self, key: StepKey) -> Option<Arc<[u8]>> {
+    #[cfg(test)]
+    pub(crate) fn get(&self, key: StepKey) -> Option<Arc<[u8]>> {
         let mut map = self.lock();
         match map.get_mut(&key) {
             Some(entry) => {
@@ -130,7 +131,7 @@ impl StepCache {
 
     /// The step file for `key` if cached, counting a hit; a miss counts nothing (the caller
     /// will ask again with [`StepCache::get`]).
-    pub fn get_if_cached(&self, key: StepKey) -> Option<Arc<[u8]>> {
+    pub(crate) fn get_if_cached(&self, key: StepKey) -> Option<Arc<[u8]>> {
         let mut map = self.lock();
         let entry = map.get_mut(&key)?;
         if std::mem::take(&mut entry.unread_prefetch) {
@@ -141,24 +142,24 @@ impl StepCache {
     }
 
     /// The step file for `key` if cached, without counting or refreshing it.
-    pub fn peek(&self, key: StepKey) -> Option<Arc<[u8]>> {
+    pub(crate) fn peek(&self, key: StepKey) -> Option<Arc<[u8]>> {
         self.lock().peek(&key).map(|e| e.bytes.clone())
     }
 
     /// Whether `key` is cached (no counting, no LRU update).
-    pub fn contains(&self, key: StepKey) -> bool {
+    pub(crate) fn contains(&self, key: StepKey) -> bool {
         self.lock().contains(&key)
     }
 
     /// A buffer of one step file's size that nothing else references (its content is
     /// unspecified): a recycled evicted file when there is one.
-    pub fn buffer(&self) -> Arc<[u8]> {
+    pub(crate) fn buffer(&self) -> Arc<[u8]> {
         let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
         spare.unwrap_or_else(|| std::iter::repeat_n(0u8, self.file_len).collect())
     }
 
     /// Inserts a finished step file, evicting the least recently used entry when full.
-    pub fn insert(&self, key: StepKey, bytes: Arc<[u8]>, prefetched: bool) {
+    pub(crate) fn insert(&self, key: StepKey, bytes: Arc<[u8]>, prefetched: bool) {
         let mut map = self.lock();
         if map.contains(&key) {
             return;
@@ -223,7 +224,8 @@ impl StepCache {
     }
 
     /// The keys in the cache, most recently used first (tests).
-    pub fn keys(&self) -> Vec<StepKey> {
+    #[cfg(test)]
+    pub(crate) fn keys(&self) -> Vec<StepKey> {
         self.lock().iter().map(|(k, _)| *k).collect()
     }
 

@@ -111,7 +111,7 @@ impl Error {
     }
 
     /// The file involved, if any.
-    pub fn path(&self) -> Option<&Path> {
+    pub(crate) fn path(&self) -> Option<&Path> {
         match self {
             Error::Dataset { path, .. }
             | Error::ShortRead { path, .. }

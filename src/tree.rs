@@ -77,7 +77,7 @@ pub enum Kind {
 
 impl Node {
     /// Whether this node is a directory.
-    pub fn kind(self) -> Kind {
+    pub(crate) fn kind(self) -> Kind {
         match self {
             Node::Info
             | Node::Stats
@@ -102,7 +102,7 @@ impl Node {
 
     /// Whether the content changes while mounted (no attribute caching; no page cache, or with
     /// `--prefill` a changing mtime so the kernel drops old pages).
-    pub fn is_volatile(self) -> bool {
+    pub(crate) fn is_volatile(self) -> bool {
         self == Node::Stats
     }
 

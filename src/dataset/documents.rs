@@ -145,7 +145,7 @@ impl Meta {
     }
 
     /// The JSON text.
-    pub fn get(&self) -> &str {
+    pub(crate) fn get(&self) -> &str {
         self.0.get()
     }
 }

@@ -51,7 +51,7 @@ pub struct Dataset {
 impl Dataset {
     /// Assembles a dataset from already-open shards (tests and fault injection). The shard
     /// lengths must match the manifest.
-    pub fn from_parts(dir: PathBuf, manifest: Manifest, shards: Vec<Shard>) -> Dataset {
+    pub(crate) fn from_parts(dir: PathBuf, manifest: Manifest, shards: Vec<Shard>) -> Dataset {
         let mut ends = Vec::with_capacity(shards.len());
         let mut doc_ends = Vec::new();
         let (mut end, mut doc_end) = (0u64, 0u64);
@@ -97,12 +97,12 @@ impl Dataset {
     }
 
     /// The dataset directory.
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
     /// The validated manifest.
-    pub fn manifest(&self) -> &Manifest {
+    pub(crate) fn manifest(&self) -> &Manifest {
         &self.manifest
     }
 
@@ -117,7 +117,7 @@ impl Dataset {
     }
 
     /// Bytes in the stream.
-    pub fn n_bytes(&self) -> u64 {
+    pub(crate) fn n_bytes(&self) -> u64 {
         self.ends.last().copied().unwrap_or(0)
     }
 
@@ -127,12 +127,12 @@ impl Dataset {
     }
 
     /// Number of documents, when the dataset has document structure.
-    pub fn n_documents(&self) -> Option<u64> {
+    pub(crate) fn n_documents(&self) -> Option<u64> {
         self.manifest.documents
     }
 
     /// Whether records carry document and metadata entries.
-    pub fn has_documents(&self) -> bool {
+    pub(crate) fn has_documents(&self) -> bool {
         self.manifest.documents.is_some()
     }
 

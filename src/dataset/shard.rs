@@ -66,7 +66,7 @@ impl std::fmt::Debug for Shard {
 
 impl Shard {
     /// A shard over any byte source (tests, fault injection).
-    pub fn new(path: impl Into<PathBuf>, len: u64, source: Arc<dyn ReadAt>) -> Shard {
+    pub(crate) fn new(path: impl Into<PathBuf>, len: u64, source: Arc<dyn ReadAt>) -> Shard {
         Shard {
             path: path.into(),
             len,
@@ -141,7 +141,7 @@ impl Shard {
     }
 
     /// The block checksum file, if any.
-    pub fn sums(&self) -> Option<&Shard> {
+    pub(crate) fn sums(&self) -> Option<&Shard> {
         self.sums.as_deref()
     }
 
@@ -163,7 +163,7 @@ impl Shard {
     /// The content identity of this shard as a file referenced in place: its size and the
     /// pages [`format::sample_ranges`] picks ([`format::sampled_identity`]). Reads at most
     /// 64 KiB.
-    pub fn sampled_identity(&self) -> Result<String> {
+    pub(crate) fn sampled_identity(&self) -> Result<String> {
         let ranges = format::sample_ranges(self.len);
         let mut sampled = vec![0u8; ranges.iter().map(|r| r.1 as usize).sum()];
         let mut at = 0usize;
@@ -221,23 +221,18 @@ impl Shard {
     }
 
     /// The document files, if the dataset has documents.
-    pub fn docs(&self) -> Option<&DocFiles> {
+    pub(crate) fn docs(&self) -> Option<&DocFiles> {
         self.docs.as_deref()
     }
 
     /// Path of the shard file.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Length in bytes.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.len
-    }
-
-    /// Whether the shard is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Fills `buf` from `offset` (relative to the shard's first byte, [`Shard::with_offset`]),

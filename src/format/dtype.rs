@@ -39,7 +39,7 @@ pub enum ScalarType {
 
 impl ScalarType {
     /// The types a token stream (`--dtype`) can have.
-    pub const TOKEN_TYPES: [ScalarType; 6] = [
+    pub(crate) const TOKEN_TYPES: [ScalarType; 6] = [
         ScalarType::U8,
         ScalarType::U16,
         ScalarType::U32,
@@ -49,7 +49,7 @@ impl ScalarType {
     ];
 
     /// Every type a record field can have.
-    pub const ALL: [ScalarType; 12] = [
+    pub(crate) const ALL: [ScalarType; 12] = [
         ScalarType::U8,
         ScalarType::U16,
         ScalarType::U32,
@@ -75,7 +75,7 @@ impl ScalarType {
     }
 
     /// The CLI name (`u32`).
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             ScalarType::U8 => "u8",
             ScalarType::U16 => "u16",
@@ -93,7 +93,7 @@ impl ScalarType {
     }
 
     /// The numpy type string as numpy writes it in a `.npy` header (`<u4`, `|u1`).
-    pub fn descr(self) -> &'static str {
+    pub(crate) fn descr(self) -> &'static str {
         match self {
             ScalarType::U8 => "|u1",
             ScalarType::U16 => "<u2",
@@ -111,12 +111,12 @@ impl ScalarType {
     }
 
     /// Whether tokens of this type are integers (the types `--dtype` takes).
-    pub fn is_token_type(self) -> bool {
+    pub(crate) fn is_token_type(self) -> bool {
         ScalarType::TOKEN_TYPES.contains(&self)
     }
 
     /// The inclusive range of values an integer token type holds.
-    pub fn int_range(self) -> Option<(i128, i128)> {
+    pub(crate) fn int_range(self) -> Option<(i128, i128)> {
         Some(match self {
             ScalarType::U8 => (0, u8::MAX.into()),
             ScalarType::U16 => (0, u16::MAX.into()),
@@ -133,7 +133,7 @@ impl ScalarType {
     /// Parses a token type as `--dtype` takes it: the CLI name (`u16`), numpy's name (`uint16`,
     /// `np.uint16`, `numpy.uint16`) or a little-endian numpy type string (`<u2`, `=u2`, `u2`,
     /// `|u1`). A big-endian type (`>u2`) is refused with how to convert.
-    pub fn from_name(name: &str) -> Result<ScalarType> {
+    pub(crate) fn from_name(name: &str) -> Result<ScalarType> {
         const USE: &str = "use one of u8 u16 u32 u64 i32 i64 (numpy spellings such as uint16 \
                            or <u2 work too)";
         let bare = name.trim();
@@ -185,7 +185,7 @@ impl ScalarType {
 
     /// Parses a numpy type string from a `.npy` header. Accepts the little-endian and
     /// byte-order-free spellings numpy produces (`<u4`, `|u1`, `u1`, `=u4` on this machine).
-    pub fn from_descr(descr: &str) -> Result<ScalarType> {
+    pub(crate) fn from_descr(descr: &str) -> Result<ScalarType> {
         let (order, code) = match descr.as_bytes().first() {
             Some(b'<' | b'|' | b'=') => (descr.as_bytes()[0], &descr[1..]),
             Some(b'>') => {
@@ -224,7 +224,7 @@ impl fmt::Display for ScalarType {
 
 /// One named field of a structured record.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Field {
+pub(crate) struct Field {
     /// Field name (empty for a plain scalar record).
     pub name: String,
     /// Field type.
@@ -241,7 +241,7 @@ pub struct RecordType {
 
 impl RecordType {
     /// A record of one scalar (a plain token stream).
-    pub fn scalar(scalar: ScalarType) -> RecordType {
+    pub(crate) fn scalar(scalar: ScalarType) -> RecordType {
         RecordType {
             fields: vec![Field {
                 name: String::new(),
@@ -252,7 +252,7 @@ impl RecordType {
     }
 
     /// A structured record of the given fields.
-    pub fn structured(fields: Vec<Field>) -> Result<RecordType> {
+    pub(crate) fn structured(fields: Vec<Field>) -> Result<RecordType> {
         if fields.is_empty() {
             return Err(Error::invalid(
                 "a structured dtype needs at least one field",
@@ -277,7 +277,7 @@ impl RecordType {
 
     /// Parses a numpy descr as found in a `.npy` header or a manifest: a scalar (`<u4`, with
     /// or without quotes) or a list of `('name', '<type>')` pairs.
-    pub fn from_descr(descr: &str) -> Result<RecordType> {
+    pub(crate) fn from_descr(descr: &str) -> Result<RecordType> {
         let d = descr.trim();
         if !d.starts_with('[') {
             let unquoted = d.trim_matches('\'');
@@ -329,13 +329,13 @@ impl RecordType {
     }
 
     /// Parses the `dtype` string stored in a manifest.
-    pub fn from_manifest(descr: &str) -> Result<RecordType> {
+    pub(crate) fn from_manifest(descr: &str) -> Result<RecordType> {
         RecordType::from_descr(descr)
     }
 
     /// The string stored in the manifest and in `info.json`: `<u4` for a scalar record, the
     /// numpy list literal for a structured one.
-    pub fn manifest_descr(&self) -> String {
+    pub(crate) fn manifest_descr(&self) -> String {
         if self.structured {
             self.list_literal()
         } else {
@@ -344,7 +344,7 @@ impl RecordType {
     }
 
     /// The literal for the `descr` key of a `.npy` header, as numpy writes it (Python repr).
-    pub fn npy_descr(&self) -> String {
+    pub(crate) fn npy_descr(&self) -> String {
         if self.structured {
             self.list_literal()
         } else {
@@ -367,27 +367,27 @@ impl RecordType {
     }
 
     /// Whether this is a structured (multi-field) record.
-    pub fn is_structured(&self) -> bool {
+    pub(crate) fn is_structured(&self) -> bool {
         self.structured
     }
 
     /// The fields, in record order.
-    pub fn fields(&self) -> &[Field] {
+    pub(crate) fn fields(&self) -> &[Field] {
         &self.fields
     }
 
     /// The type of the first field: the token of a structured record.
-    pub fn token_type(&self) -> ScalarType {
+    pub(crate) fn token_type(&self) -> ScalarType {
         self.fields[0].scalar
     }
 
     /// The scalar type of a single-field record, if that is what this is.
-    pub fn scalar_type(&self) -> Option<ScalarType> {
+    pub(crate) fn scalar_type(&self) -> Option<ScalarType> {
         (!self.structured).then_some(self.fields[0].scalar)
     }
 
     /// One record holding `value` in its first field and zeros elsewhere (padding).
-    pub fn pad_record(&self, value: i128) -> Vec<u8> {
+    pub(crate) fn pad_record(&self, value: i128) -> Vec<u8> {
         let mut out = vec![0u8; self.itemsize()];
         let size = self.token_type().size();
         out[..size].copy_from_slice(&value.to_le_bytes()[..size]);
@@ -395,7 +395,7 @@ impl RecordType {
     }
 
     /// The integer value of the first field of `record` (for document separators).
-    pub fn token_value(&self, record: &[u8]) -> i128 {
+    pub(crate) fn token_value(&self, record: &[u8]) -> i128 {
         let t = self.token_type();
         let mut le = [0u8; 16];
         le[..t.size()].copy_from_slice(&record[..t.size()]);

@@ -141,7 +141,7 @@ pub struct Manifest {
 
 impl Manifest {
     /// Parses and validates manifest bytes. `path` is used in messages only.
-    pub fn parse(bytes: &[u8], path: &Path) -> Result<Manifest> {
+    pub(crate) fn parse(bytes: &[u8], path: &Path) -> Result<Manifest> {
         let manifest: Manifest = serde_json::from_slice(bytes)
             .map_err(|e| Error::dataset(path, CorruptKind::ManifestSyntax(e.to_string())))?;
         manifest.validate(path)?;
@@ -149,7 +149,7 @@ impl Manifest {
     }
 
     /// The record type.
-    pub fn record_type(&self) -> RecordType {
+    pub(crate) fn record_type(&self) -> RecordType {
         RecordType::from_manifest(&self.dtype).expect("validated at parse")
     }
 

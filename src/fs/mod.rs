@@ -58,7 +58,7 @@ pub struct Ownership {
 
 impl Ownership {
     /// The calling process's user and group, files 0444 and directories 0555.
-    pub fn current() -> Ownership {
+    pub(crate) fn current() -> Ownership {
         Ownership {
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
@@ -188,7 +188,7 @@ impl ShuffleFs {
 
     /// Benchmarking only: answers every step read with step 0 of epoch 0, rank 0, from
     /// memory, so a benchmark measures the FUSE transport alone. Serves wrong data.
-    pub fn with_stub_reads(mut self) -> Result<ShuffleFs> {
+    pub(crate) fn with_stub_reads(mut self) -> Result<ShuffleFs> {
         let key = StepKey {
             epoch: 0,
             rank: 0,
@@ -199,7 +199,7 @@ impl ShuffleFs {
     }
 
     /// Gives `stats.json` a fixed size (`--prefill`; see `stats.rs`).
-    pub fn with_padded_stats(mut self) -> ShuffleFs {
+    pub(crate) fn with_padded_stats(mut self) -> ShuffleFs {
         self.padded_stats = true;
         self
     }
@@ -215,7 +215,7 @@ impl ShuffleFs {
     }
 
     /// The bytes of `stats.json` now (see `stats.rs`).
-    pub fn stats_json(&self) -> Vec<u8> {
+    pub(crate) fn stats_json(&self) -> Vec<u8> {
         crate::stats::render(self.cache(), self.prefetcher(), self.padded_stats)
     }
 
@@ -230,7 +230,7 @@ impl ShuffleFs {
     }
 
     /// The inode number of `node`.
-    pub fn ino(&self, node: Node) -> u64 {
+    pub(crate) fn ino(&self, node: Node) -> u64 {
         self.inodes.ino(node)
     }
 
@@ -259,12 +259,12 @@ impl ShuffleFs {
     }
 
     /// The node named `name` in directory `parent`.
-    pub fn lookup_node(&self, parent: u64, name: &OsStr) -> Result<Node> {
+    pub(crate) fn lookup_node(&self, parent: u64, name: &OsStr) -> Result<Node> {
         self.shape.child(self.node(parent)?, name.as_bytes())
     }
 
     /// Whether inode `ino` exists (no work beyond decoding the number).
-    pub fn exists(&self, ino: u64) -> Result<()> {
+    pub(crate) fn exists(&self, ino: u64) -> Result<()> {
         self.node(ino).map(|_| ())
     }
 
@@ -297,7 +297,7 @@ impl ShuffleFs {
     }
 
     /// Checks that `ino` is a directory.
-    pub fn opendir(&self, ino: u64) -> Result<Node> {
+    pub(crate) fn opendir(&self, ino: u64) -> Result<Node> {
         let node = self.node(ino)?;
         if node.kind() != Kind::Directory {
             return Err(Error::NotADirectory);
@@ -360,7 +360,7 @@ impl ShuffleFs {
     /// The attributes of `node` now, or (when they may read document files: the size of a JSON
     /// file not cached yet, or of an observation, in a dataset with documents) the job that
     /// computes them.
-    pub fn attr_or_job(&self, node: Node) -> Result<Stat> {
+    pub(crate) fn attr_or_job(&self, node: Node) -> Result<Stat> {
         let needs_files = match node {
             Node::StepJson(_) | Node::ObservationJson(_) | Node::LookupJson(..) => {
                 self.view.dataset().has_documents() && !self.json_is_cached(node)

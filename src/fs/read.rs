@@ -93,35 +93,35 @@ pub struct AttrJob {
 
 impl AttrJob {
     /// The node whose attributes these are.
-    pub fn node(&self) -> Node {
+    pub(crate) fn node(&self) -> Node {
         self.node
     }
 
     /// Computes the attributes.
-    pub fn run(&self, fs: &ShuffleFs) -> Result<Attr> {
+    pub(crate) fn run(&self, fs: &ShuffleFs) -> Result<Attr> {
         fs.attr(self.node)
     }
 }
 
 impl ReadJob {
     /// The file read.
-    pub fn node(&self) -> Node {
+    pub(crate) fn node(&self) -> Node {
         self.node
     }
 
     /// Where the read starts.
-    pub fn offset(&self) -> u64 {
+    pub(crate) fn offset(&self) -> u64 {
         self.offset
     }
 
     /// Most bytes it returns.
-    pub fn size(&self) -> u32 {
+    pub(crate) fn size(&self) -> u32 {
         self.size
     }
 
     /// Reads the bytes: into the front of `scratch` (grown when too short, never shrunk), or
     /// a range of a shared file.
-    pub fn run<'s>(&self, fs: &ShuffleFs, scratch: &'s mut Vec<u8>) -> Result<Bytes<'s>> {
+    pub(crate) fn run<'s>(&self, fs: &ShuffleFs, scratch: &'s mut Vec<u8>) -> Result<Bytes<'s>> {
         let ReadJob { node, offset, size } = *self;
         let v = &fs.view;
         match node {
@@ -187,7 +187,7 @@ impl ShuffleFs {
     /// Up to `size` bytes of file `ino` at `offset`, exactly the file's bytes (nothing at or
     /// past the end): now when they are in memory, else the job that reads them (see the
     /// module docs).
-    pub fn read_or_job(&self, ino: u64, offset: u64, size: u32) -> Result<Read<'_>> {
+    pub(crate) fn read_or_job(&self, ino: u64, offset: u64, size: u32) -> Result<Read<'_>> {
         let node = self.open(ino, libc::O_RDONLY)?;
         let job = Read::Job(ReadJob { node, offset, size });
         let bytes = match node {

@@ -170,13 +170,8 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
 }
 
 impl Mounted {
-    /// The (absolute) mount point.
-    pub fn mountpoint(&self) -> &Path {
-        &self.mountpoint
-    }
-
     /// Whether the session ended (someone unmounted the filesystem from outside).
-    pub fn is_finished(&self) -> bool {
+    pub(crate) fn is_finished(&self) -> bool {
         self.session.is_finished()
     }
 

@@ -121,7 +121,7 @@ impl Shared {
 
 /// What [`Prefetcher::claim`] found.
 #[derive(Debug)]
-pub enum Claim<'a> {
+pub(crate) enum Claim<'a> {
     /// The prefetcher finished the step while the reader waited.
     Ready(Arc<[u8]>),
     /// The reader assembles the step; drop the guard when done.
@@ -130,7 +130,7 @@ pub enum Claim<'a> {
 
 /// Keeps a step marked as being read by a reader (see [`Prefetcher::claim`]).
 #[derive(Debug)]
-pub struct ReadGuard<'a>(Option<(&'a Prefetcher, StepKey)>);
+pub(crate) struct ReadGuard<'a>(Option<(&'a Prefetcher, StepKey)>);
 
 impl Drop for ReadGuard<'_> {
     fn drop(&mut self) {
@@ -160,7 +160,7 @@ impl std::fmt::Debug for Prefetcher {
 
 impl Prefetcher {
     /// Starts the workers.
-    pub fn new(
+    pub(crate) fn new(
         config: PrefetchConfig,
         plan: Plan,
         cache: Arc<StepCache>,
@@ -201,7 +201,7 @@ impl Prefetcher {
 
     /// The step after `key` in read order: the next step of the same rank, or the first step of
     /// the next epoch; `None` after the last epoch.
-    pub fn next_key(plan: &Plan, key: StepKey) -> Option<StepKey> {
+    pub(crate) fn next_key(plan: &Plan, key: StepKey) -> Option<StepKey> {
         if key.step + 1 < plan.steps_per_epoch() {
             Some(StepKey {
                 step: key.step + 1,
@@ -223,7 +223,7 @@ impl Prefetcher {
     /// rank (a loader reading alternate steps with two workers) from queueing each other's
     /// steps after they were read: such readers drift apart, and one far behind would
     /// otherwise prefetch steps the other has long finished.
-    pub fn hint(&self, key: StepKey) {
+    pub(crate) fn hint(&self, key: StepKey) {
         let s = &self.shared;
         if s.depth == 0 {
             return;
@@ -285,7 +285,7 @@ impl Prefetcher {
     /// (counted as a cache hit). Otherwise the step is the caller's: taken off the queue if it
     /// was queued, and marked as being read so no hint queues it until the returned guard is
     /// dropped.
-    pub fn claim(&self, key: StepKey, max_wait: Duration) -> Claim<'_> {
+    pub(crate) fn claim(&self, key: StepKey, max_wait: Duration) -> Claim<'_> {
         let s = &self.shared;
         let mut state = s.state.lock().unwrap_or_else(|p| p.into_inner());
         match state.pending.get(&key) {
@@ -333,7 +333,7 @@ impl Prefetcher {
     }
 
     /// Whether prefetching is on now (the governor may pause it; see [`Governor`]).
-    pub fn is_active(&self) -> bool {
+    pub(crate) fn is_active(&self) -> bool {
         let state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
         state.governor.as_ref().is_none_or(Governor::is_on)
     }

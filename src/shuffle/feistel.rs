@@ -68,16 +68,6 @@ impl Permutation {
         }
     }
 
-    /// The size of the domain `[0, n)`.
-    pub fn len(&self) -> u64 {
-        self.n
-    }
-
-    /// Whether the domain is empty.
-    pub fn is_empty(&self) -> bool {
-        self.n == 0
-    }
-
     /// Maps position `i` to its shuffled value. Panics if `i >= n` (cycle walking from outside
     /// the domain might never return); callers check bounds first.
     #[inline]
@@ -96,7 +86,7 @@ impl Permutation {
     /// branch is a coin toss the CPU mispredicts; here the rounds of independent lanes
     /// interleave, and a finished lane takes the next position with a conditional move
     /// instead of a branch. Panics if the last position is `>= n`.
-    pub fn apply_strided(&self, start: u64, stride: u64, out: &mut [u64]) {
+    pub(crate) fn apply_strided(&self, start: u64, stride: u64, out: &mut [u64]) {
         let len = out.len();
         if len == 0 {
             return;
@@ -163,7 +153,7 @@ impl Permutation {
 
     /// The inverse of [`Permutation::apply`]: the position whose value is `v`.
     #[inline]
-    pub fn invert(&self, v: u64) -> u64 {
+    pub(crate) fn invert(&self, v: u64) -> u64 {
         assert!(v < self.n, "value {v} out of range {}", self.n);
         let mut x = self.decrypt(v);
         while x >= self.n {

@@ -55,7 +55,7 @@ pub struct Plan {
 impl Plan {
     /// Validates and builds a plan. Every count must be at least 1 and `batch_size * ranks`
     /// must fit in 64 bits.
-    pub fn new(
+    pub(crate) fn new(
         n_observations: u64,
         batch_size: u64,
         ranks: u64,
@@ -99,7 +99,7 @@ impl Plan {
         self.ranks
     }
     /// Shuffle seed.
-    pub fn seed(&self) -> u64 {
+    pub(crate) fn seed(&self) -> u64 {
         self.seed
     }
     /// Number of epochs exposed.
@@ -115,7 +115,7 @@ impl Plan {
         self.n_observations / self.global_batch
     }
     /// Observations dropped at the end of every epoch (`n mod G`).
-    pub fn dropped_per_epoch(&self) -> u64 {
+    pub(crate) fn dropped_per_epoch(&self) -> u64 {
         self.n_observations % self.global_batch
     }
 
@@ -125,7 +125,7 @@ impl Plan {
     }
 
     /// The permutation of epoch `epoch`.
-    pub fn permutation(&self, epoch: u64) -> Permutation {
+    pub(crate) fn permutation(&self, epoch: u64) -> Permutation {
         Permutation::new(self.n_observations, self.seed, epoch)
     }
 
@@ -139,12 +139,12 @@ impl Plan {
     }
 
     /// Position in the shuffled order of `row` of `key`.
-    pub fn position(&self, key: StepKey, row: u64) -> u64 {
+    pub(crate) fn position(&self, key: StepKey, row: u64) -> u64 {
         key.step * self.global_batch + row * self.ranks + key.rank
     }
 
     /// The observation ids of `key`, in row order. `key` must exist.
-    pub fn observations(&self, key: StepKey) -> StepObservations {
+    pub(crate) fn observations(&self, key: StepKey) -> StepObservations {
         debug_assert!(self.contains(key));
         StepObservations {
             perm: self.permutation(key.epoch),
@@ -175,7 +175,7 @@ impl Plan {
 
 /// Iterator over a step's observation ids (see [`Plan::observations`]).
 #[derive(Clone, Debug)]
-pub struct StepObservations {
+pub(crate) struct StepObservations {
     perm: Permutation,
     next: u64,
     stride: u64,
@@ -184,13 +184,14 @@ pub struct StepObservations {
 
 impl StepObservations {
     /// The observation of row `row` (0-based) counted from the iterator's start.
-    pub fn row(&self, row: u64) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn row(&self, row: u64) -> u64 {
         self.perm.apply(self.next + row * self.stride)
     }
 
     /// The observations of rows `first ..` (counted from the iterator's start) into `out`,
     /// computed together ([`Permutation::apply_strided`]).
-    pub fn fill(&self, first: u64, out: &mut [u64]) {
+    pub(crate) fn fill(&self, first: u64, out: &mut [u64]) {
         self.perm
             .apply_strided(self.next + first * self.stride, self.stride, out);
     }

@@ -262,7 +262,7 @@ impl<'a> Ctx<'a> {
 
 impl View {
     /// Writes `S.json` for `key` to `w`.
-    pub fn write_step_json(&self, key: StepKey, w: &mut impl Write) -> Result<()> {
+    pub(crate) fn write_step_json(&self, key: StepKey, w: &mut impl Write) -> Result<()> {
         self.step_json_to(key, w, None)
     }
 
@@ -361,7 +361,11 @@ impl View {
     }
 
     /// Writes `observation/I.json`: where observation `I` is in the stream and its metadata.
-    pub fn write_observation_json(&self, observation: u64, w: &mut impl Write) -> Result<()> {
+    pub(crate) fn write_observation_json(
+        &self,
+        observation: u64,
+        w: &mut impl Write,
+    ) -> Result<()> {
         let (start, len, meta) = match self.mode {
             Mode::Stream => (self.windows.first_record(observation), self.window, None),
             Mode::Documents => {
@@ -387,7 +391,7 @@ impl View {
 
     /// Writes `lookup/epoch/E/observation/I.json`: where observation `I` is trained in epoch
     /// `E`, found by running the permutation backwards.
-    pub fn write_lookup_json(
+    pub(crate) fn write_lookup_json(
         &self,
         epoch: u64,
         observation: u64,

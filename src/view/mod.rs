@@ -49,7 +49,7 @@ pub enum Mode {
 
 impl Mode {
     /// The name used on the command line and in `info.json`.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Mode::Stream => "stream",
             Mode::Documents => "documents",
@@ -201,11 +201,6 @@ impl View {
         &self.dataset
     }
 
-    /// Stream or documents.
-    pub fn mode(&self) -> Mode {
-        self.mode
-    }
-
     /// The parsed `info.json`.
     pub fn info(&self) -> &Info {
         &self.info
@@ -223,7 +218,7 @@ impl View {
 
     /// `--expect-fingerprint`: an error unless `expected` (white space around it ignored, any
     /// case) is this view's fingerprint.
-    pub fn check_fingerprint(&self, expected: &str) -> Result<()> {
+    pub(crate) fn check_fingerprint(&self, expected: &str) -> Result<()> {
         let fingerprint = &self.info.fingerprint;
         if expected.trim().eq_ignore_ascii_case(fingerprint) {
             return Ok(());

@@ -42,7 +42,7 @@ impl View {
     }
 
     /// The whole `S.npy` for `key` into `out`, which must be exactly its size.
-    pub fn render_step_npy_into(&self, key: StepKey, out: &mut [u8]) -> Result<()> {
+    pub(crate) fn render_step_npy_into(&self, key: StepKey, out: &mut [u8]) -> Result<()> {
         if out.len() as u64 != self.step_npy_len() {
             return Err(Error::invalid(format!(
                 "a step file is {} bytes, not {}",
