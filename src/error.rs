@@ -16,7 +16,9 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::format::{EDITED, SAMPLES, format_hash};
+/// The end of every manifest validation message except the version's: what to do.
+pub(crate) const EDITED: &str =
+    "; the manifest is damaged or was edited: restore it or re-run `shufflefs pack`";
 
 /// Result alias used throughout shufflefs.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -205,12 +207,22 @@ pub enum CorruptKind {
     ManifestSymlink,
     /// `manifest.json` is a FIFO, device or directory.
     ManifestNotRegular,
-    /// `manifest.json` is larger than any manifest `pack` writes (its size).
-    ManifestTooBig(u64),
+    /// `manifest.json` is larger than any manifest `pack` writes.
+    ManifestTooBig {
+        /// Its size.
+        size: u64,
+        /// The most a manifest may have.
+        max: u64,
+    },
     /// `manifest.json` does not parse as a manifest (the parser's message).
     ManifestSyntax(String),
     /// `manifest.json` has a version this build does not read.
-    ManifestVersion(u32),
+    ManifestVersion {
+        /// Its version.
+        version: u32,
+        /// The versions this build reads.
+        reads: std::ops::RangeInclusive<u32>,
+    },
     /// `manifest.json` fails validation: which field, and why.
     Manifest(String),
     /// A listed file does not exist.
@@ -263,6 +275,8 @@ pub enum CorruptKind {
     InPlaceContent {
         /// The identity the manifest records.
         hash: String,
+        /// How many pages the identity samples.
+        samples: u64,
     },
     /// Bytes of a file fail their block checksum.
     ChecksumMismatch {
@@ -276,8 +290,8 @@ pub enum CorruptKind {
     /// A checksum file does not hash to what the manifest records for it: another shard's,
     /// or changed.
     ForeignChecksums {
-        /// The hash the manifest records.
-        want: u64,
+        /// The hash the manifest records (as the manifest spells it).
+        want: String,
         /// The file whose checksums these are.
         of: PathBuf,
     },
@@ -309,8 +323,6 @@ impl CorruptKind {
 
 impl fmt::Display for CorruptKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use crate::format::{MIN_VERSION, VERSION};
-        use crate::storage::MAX_MANIFEST_BYTES;
         match self {
             CorruptKind::NoManifest => write!(
                 f,
@@ -327,9 +339,9 @@ impl fmt::Display for CorruptKind {
                 "the manifest is not a regular file (a FIFO, device or directory): restore the \
                  manifest.json `shufflefs pack` wrote, or re-run `shufflefs pack`"
             ),
-            CorruptKind::ManifestTooBig(size) => write!(
+            CorruptKind::ManifestTooBig { size, max } => write!(
                 f,
-                "the manifest is {size} bytes, more than the {MAX_MANIFEST_BYTES} bytes a \
+                "the manifest is {size} bytes, more than the {max} bytes a \
                  manifest may have: this is not a manifest `shufflefs pack` wrote; restore it \
                  or re-run `shufflefs pack`"
             ),
@@ -337,11 +349,12 @@ impl fmt::Display for CorruptKind {
                 f,
                 "not a valid shufflefs manifest ({e}); re-run `shufflefs pack`"
             ),
-            CorruptKind::ManifestVersion(version) => write!(
+            CorruptKind::ManifestVersion { version, reads } => write!(
                 f,
-                "manifest version {version} but this shufflefs reads versions {MIN_VERSION} to \
-                 {VERSION}: re-run `shufflefs pack` with this version, or use the shufflefs \
-                 that wrote it"
+                "manifest version {version} but this shufflefs reads versions {} to {}: re-run `shufflefs pack` with this version, or use the shufflefs \
+                 that wrote it",
+                reads.start(),
+                reads.end()
             ),
             CorruptKind::Manifest(what) => write!(f, "{what}{EDITED}"),
             CorruptKind::Missing => write!(
@@ -417,10 +430,10 @@ impl fmt::Display for CorruptKind {
                 "this file is referenced in place and was modified after `pack --in-place`: \
                  re-run it to reference the new content"
             ),
-            CorruptKind::InPlaceContent { hash } => write!(
+            CorruptKind::InPlaceContent { hash, samples } => write!(
                 f,
                 "this file is referenced in place and its content is not what `pack \
-                 --in-place` referenced (its size and {SAMPLES} sampled pages hash to another \
+                 --in-place` referenced (its size and {samples} sampled pages hash to another \
                  identity than {hash}): it was modified, or is another file; restore it or \
                  re-run `shufflefs pack --in-place`"
             ),
@@ -432,11 +445,10 @@ impl fmt::Display for CorruptKind {
             ),
             CorruptKind::ForeignChecksums { want, of } => write!(
                 f,
-                "this checksum file does not hash to {}, the hash the manifest records for the \
+                "this checksum file does not hash to {want}, the hash the manifest records for the \
                  checksums of {}: it is another shard's (files swapped, or copied from another \
                  dataset) or it changed after packing; restore the dataset's files or re-run \
                  `shufflefs pack` (`shufflefs verify` checks every file)",
-                format_hash(*want),
                 of.display()
             ),
             CorruptKind::NoChecksums => write!(

@@ -138,6 +138,14 @@ const ROOT_NAMES: [(Node, &str); 5] = [
     (Node::Lookup, "lookup"),
 ];
 
+/// The name of a file or directory of the mount's root (`info.json`, `stats.json`, ...).
+pub(crate) fn root_name(node: Node) -> Option<&'static str> {
+    ROOT_NAMES
+        .iter()
+        .find(|(n, _)| *n == node)
+        .map(|(_, name)| *name)
+}
+
 /// The path of step `key`'s `.npy` (or, with `json`, `.json`) file inside the mount.
 pub(crate) fn step_path(key: StepKey, json: bool) -> String {
     let ext = if json { "json" } else { "npy" };

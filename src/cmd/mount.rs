@@ -210,7 +210,8 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
 /// The fingerprint as served by the fresh mount (read back through it, which also proves the
 /// mount answers).
 fn fs_fingerprint_hint(mountpoint: &Path) -> String {
-    std::fs::read(mountpoint.join("info.json"))
+    let info = crate::tree::root_name(crate::tree::Node::Info).expect("a root file");
+    std::fs::read(mountpoint.join(info))
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .and_then(|v| v["fingerprint"].as_str().map(str::to_string))

@@ -99,7 +99,7 @@ impl Shard {
             Error::dataset(
                 &self.path,
                 CorruptKind::ForeignChecksums {
-                    want: bound.want,
+                    want: crate::format::format_hash(bound.want),
                     of: of.to_path_buf(),
                 },
             )
@@ -192,6 +192,7 @@ impl Shard {
                 &self.path,
                 CorruptKind::InPlaceContent {
                     hash: entry.hash.clone(),
+                    samples: crate::format::SAMPLES,
                 },
             ));
         }

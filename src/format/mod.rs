@@ -71,7 +71,3 @@ pub const VERSION: u32 = 4;
 /// without checksums; versions 2 and 3 identify an in-place shard by its absolute path, size
 /// and mtime ([`in_place_hash`]).
 pub(crate) const MIN_VERSION: u32 = 2;
-
-/// The end of every manifest validation message except the version's: what to do.
-pub(crate) const EDITED: &str =
-    "; the manifest is damaged or was edited: restore it or re-run `shufflefs pack`";

@@ -6,7 +6,7 @@ use std::path::Path;
 use super::hash::SAMPLE_BYTES;
 use super::manifest::pack_shard_number;
 use super::*;
-use crate::error::Result;
+use crate::error::{EDITED, Result};
 
 fn sample() -> Manifest {
     let shards = vec![

@@ -5,7 +5,7 @@
 //! version, record type), each shard in order (its path, in-place fields, counts, offset,
 //! checksum file, hash), the totals, the document files, the names against each other, and
 //! last the content hash. A message says which field is wrong; every one but the version's
-//! ends with [`super::EDITED`], which says what to do (`Error::Dataset` with
+//! ends with [`crate::error::EDITED`], which says what to do (`Error::Dataset` with
 //! [`CorruptKind::Manifest`]).
 
 use std::collections::HashMap;
@@ -39,7 +39,10 @@ impl Manifest {
         if !(MIN_VERSION..=VERSION).contains(&self.version) {
             return Err(Error::Dataset {
                 path: path.to_path_buf(),
-                kind: CorruptKind::ManifestVersion(self.version),
+                kind: CorruptKind::ManifestVersion {
+                    version: self.version,
+                    reads: MIN_VERSION..=VERSION,
+                },
             });
         }
         self.check_record_type().map_err(invalid)?;

@@ -196,7 +196,15 @@ pub(crate) fn read_manifest(dir: &Path) -> Result<(Manifest, Metadata)> {
     if !meta.is_file() {
         return Err(Error::dataset(&path, CorruptKind::ManifestNotRegular));
     }
-    let too_big = |size: u64| Error::dataset(&path, CorruptKind::ManifestTooBig(size));
+    let too_big = |size: u64| {
+        Error::dataset(
+            &path,
+            CorruptKind::ManifestTooBig {
+                size,
+                max: MAX_MANIFEST_BYTES,
+            },
+        )
+    };
     if meta.len() > MAX_MANIFEST_BYTES {
         return Err(too_big(meta.len()));
     }
