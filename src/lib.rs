@@ -1,27 +1,26 @@
 //! shufflefs: a FUSE filesystem that serves a packed token dataset as globally shuffled,
-//! rank-partitioned step files, `MOUNT/epoch/N/rank/R/step/S.npy`.
+//! rank-partitioned step files, `MOUNT/epoch/E/rank/R/step/S.npy`.
 //!
-//! Layers, in the order of the read path (docs/ARCHITECTURE.md has one section per module):
+//! The layers, bottom up: each module uses only those above it in this table (`shuffle/` and
+//! `error.rs` use nothing; `cmd/` uses everything). Only `fuse/` knows fuser; everything else
+//! is tested without a mount. docs/ARCHITECTURE.md has the read path as one picture and a
+//! "which file do I open for which change" table.
 //!
-//! | module | question it answers | FUSE? |
+//! | module | owns | question it answers |
 //! | --- | --- | --- |
-//! | [`fuse`] | how do kernel requests become calls and replies? | yes (the only one) |
-//! | [`fs`] | which node is this name or inode, what are its attributes and bytes? | no |
-//! | [`cache`], [`prefetch`] | which finished step files are kept, which are assembled ahead? | no |
-//! | [`view`] | what are the bytes of a step file, `S.json`, `info.json`? | no |
-//! | [`plan`] | which observations are in (epoch, rank, step)? where is observation i? | no |
-//! | [`mixture`] | how many rows of each source in a global step, which ones, in which slots? | no |
-//! | [`feistel`] | the keyed permutation of `[0, n)` | no |
-//! | [`window`] | which tokens make observation i? | no |
-//! | [`npy`] | the `.npy` header, byte for byte as numpy writes it | no |
-//! | [`dataset`] | read bytes `[a, b)` of the token stream from the shards | no |
-//! | [`access`] | as whom are the files a manifest names opened? | no |
-//! | [`format`] | what is in `manifest.json`, is it consistent? | no |
-//! | [`dtype`] | record types and their numpy names | no |
-//! | [`pack`] | write shards and manifest from input files | no |
-//! | [`sniff`] | what is this input file: tokens (which format, which width) or what else? | no |
-//! | [`mount`] | mount, unmount, stale mounts | via fuser's session |
-//! | [`cmd`], [`cli`], [`logging`] | the `shufflefs` command line | no |
+//! | `error.rs` | `Error`, `CorruptKind`, errno and log level | what went wrong, and what to do? |
+//! | `shuffle/` | `Permutation`, `Plan` (the global-step formula), mixtures | which observations are in (epoch, rank, step)? |
+//! | `format/` | manifest, validation, hashes, checksums, document files, dtypes, `.npy` header, input recognition | what is on disk, byte for byte (readers beside writers)? |
+//! | `storage/` | `ReadAt`, opening listed files as the dataset's owner, the descriptor pool | where do bytes come from? |
+//! | `dataset/` | `Dataset`, `Shard`, documents | what are bytes `[a, b)` of the record stream? |
+//! | `tree.rs`, `inode.rs` | `Node` and the path grammar; `Node` <-> inode number | which file is this name or number? |
+//! | `view/` | `View`: step files, `S.json`/`I.json`/lookup JSON, `info.json` and the fingerprint | what are the bytes of every file? |
+//! | `cache.rs`, `prefetch/`, `prefill.rs`, `stats.rs` | step cache, prefetcher and governor, prefill policy, `stats.json` | what is kept, assembled ahead, pushed, counted? |
+//! | `fs/` | `ShuffleFs`: lookup, getattr, readdir, open, `read_or_job` -> `Read::Ready` or `Read::Job` | what does each request answer, without FUSE? |
+//! | `fuse/` | the adapter, `dispatch.rs` (inline or the deadline pool), kernel cache, handles, session | how do kernel requests become calls and replies? |
+//! | `mount/` | the mount point, the mount table, unmount | where is it mounted, and how does it go away cleanly? |
+//! | `pack/`, `verify.rs` | inputs, JSON Lines, the shard writer, `--in-place`; `shufflefs verify` | how is a dataset written and checked? |
+//! | `cli.rs`, `cmd/`, `logging.rs` | clap types and value parsers, one file per subcommand, log sinks | the `shufflefs` command line |
 
 // Everything not re-exported below is `pub(crate)` at most: the compiler then reports dead code.
 #![warn(unreachable_pub)]

@@ -7,7 +7,7 @@
 //!
 //! Used by `shufflefs verify` (every block of every shard) and by `--verify-reads` (the blocks
 //! a read touches, before any byte of them is served). This module is pure: it hashes bytes
-//! and encodes the file; `dataset.rs` does the I/O at mount time.
+//! and encodes the file; `dataset/shard.rs` does the I/O.
 
 use crate::format::ContentHasher;
 

@@ -1,6 +1,6 @@
 //! The fuser session of a mount: the kernel mount (`mount(2)` directly as root, `fusermount3`
 //! through fuser otherwise), the session's thread, the page-cache prefill wired to the
-//! session's notifier, and the session's end. `mount.rs` owns the mount point and the mount
+//! session's notifier, and the session's end. `mount/` owns the mount point and the mount
 //! table; this owns everything that speaks fuser.
 //!
 //! As root, shufflefs mounts by itself and hands the device to fuser: fuser 0.18 reads a

@@ -59,7 +59,7 @@ pub(super) fn check_inputs(
     Ok((checked, record))
 }
 
-/// Checks one input: what it is (sniff.rs; a file that holds no token records is refused
+/// Checks one input: what it is (`format::sniff`; a file that holds no token records is refused
 /// saying what it is and what to do), that its records fit `record`, the dataset's record
 /// type once known (an `.npy` or llm.c input defines it when nothing did), and that a raw
 /// input does not look like tokens of another width than `--dtype` (`--force` skips the

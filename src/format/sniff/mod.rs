@@ -49,7 +49,7 @@ pub(crate) enum Kind {
     /// Headerless little-endian records: the whole file (nanoGPT `train.bin`, Megatron-LM
     /// `.bin`, datatrove `.ds`).
     Raw,
-    /// A numpy `.npy` array (npy.rs parses its header).
+    /// A numpy `.npy` array (`format/npy.rs` parses its header).
     Npy,
     /// An llm.c token shard: `tokens` tokens of `dtype` after the [`LLMC_HEADER`] bytes.
     Llmc {
