@@ -3,9 +3,9 @@
 //! errors reach the terminal), then moves to `--log-file` or syslog once it detaches.
 //!
 //! Lines that can repeat once per request (a failed read, an expired deadline) go through
-//! [`log_limited!`]: per cause (what failed, the errno, the file) at most [`BURST`] lines per
-//! [`PERIOD`], then one line counting what was suppressed (written when the period ends, by
-//! [`flush_suppressed`], or at unmount). A broken shard read by every rank costs a few lines a
+//! `log_limited!`: per cause (what failed, the errno, the file) at most [`BURST`] lines per
+//! `PERIOD`, then one line counting what was suppressed (written when the period ends, by
+//! `flush_suppressed`, or at unmount). A broken shard read by every rank costs a few lines a
 //! minute, not megabytes.
 //!
 //! `--log-file` is opened once, before the daemon forks, with `O_NOFOLLOW` and checked: a
@@ -190,7 +190,7 @@ pub(crate) fn is_stderr() -> bool {
     )
 }
 
-/// Lines of one cause shown per [`PERIOD`] before the rest are counted.
+/// Lines of one cause shown per `PERIOD` before the rest are counted.
 pub const BURST: u32 = 5;
 /// The period of [`BURST`].
 pub(crate) const PERIOD: Duration = Duration::from_secs(60);

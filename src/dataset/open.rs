@@ -23,7 +23,7 @@ use crate::storage::fdpool::DEFAULT_MAX_OPEN;
 use crate::storage::{LocalFiles, mtime_ns, read_manifest};
 
 impl Dataset {
-    /// Opens `dir` (see the module docs), keeping at most [`DEFAULT_MAX_OPEN`] descriptors
+    /// Opens `dir` (see the module docs), keeping at most `DEFAULT_MAX_OPEN` descriptors
     /// open.
     pub fn open(dir: &Path) -> Result<Dataset> {
         Dataset::open_bounded(dir, DEFAULT_MAX_OPEN)

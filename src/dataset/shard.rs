@@ -145,7 +145,7 @@ impl Shard {
         self.sums.as_deref()
     }
 
-    /// Fills `buf` from `offset` (see [`Shard::read_exact_at`]), public for `shufflefs verify`.
+    /// Fills `buf` from `offset` (see `Shard::read_exact_at`), public for `shufflefs verify`.
     pub fn read_exact(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.read_exact_at(buf, offset)
     }

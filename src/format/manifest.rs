@@ -24,8 +24,8 @@ pub struct ShardEntry {
     /// Size of the shard's records in bytes (`records * itemsize`); the file is `offset +
     /// bytes` bytes.
     pub bytes: u64,
-    /// Content hash of the shard bytes ([`ContentHasher`]), 16 hex digits. For an in-place
-    /// shard, its [`sampled_identity`] (version 4) or [`in_place_hash`] (versions 2-3).
+    /// Content hash of the shard bytes (`ContentHasher`), 16 hex digits. For an in-place
+    /// shard, its `sampled_identity` (version 4) or `in_place_hash` (versions 2-3).
     pub hash: String,
     /// The shard's document and metadata files, when the dataset has documents.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -33,10 +33,10 @@ pub struct ShardEntry {
     /// For a shard referenced in place (`pack --in-place`): the file's modification time in
     /// nanoseconds since the epoch when it was packed. In version 4 only the live-mutation
     /// guard: a mount that finds another mtime samples the content again instead of trusting
-    /// it. (Versions 2-3: `path` is absolute and `hash` is [`in_place_hash`].)
+    /// it. (Versions 2-3: `path` is absolute and `hash` is `in_place_hash`.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_place_mtime_ns: Option<u64>,
-    /// For an in-place shard (version 4): [`in_place_guard`] of `path`, `bytes`,
+    /// For an in-place shard (version 4): `in_place_guard` of `path`, `bytes`,
     /// `in_place_mtime_ns` and `hash`. While it matches and the file's mtime is still
     /// `in_place_mtime_ns`, a mount trusts the file to be the one sampled; otherwise (an edited
     /// path, a file restored from an archive) it samples the file and compares.
@@ -49,7 +49,7 @@ pub struct ShardEntry {
     /// shard's 1,024 bytes, a `.npy` header). 0 (omitted) for every copied shard.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub offset: u64,
-    /// What `pack --in-place` recognised the file as ([`SOURCE_FORMATS`]), informational.
+    /// What `pack --in-place` recognised the file as (`SOURCE_FORMATS`), informational.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_format: Option<String>,
 }
@@ -68,9 +68,9 @@ pub(crate) const SOURCE_FORMATS: [&str; 3] = ["raw", "npy", "llmc"];
 pub struct ShardChecksums {
     /// The checksum file's name, inside the dataset directory.
     pub file: String,
-    /// Bytes per block: always [`crate::checksum::BLOCK`].
+    /// Bytes per block: always `format::checksum::BLOCK`.
     pub block: u64,
-    /// Content hash of the checksum file ([`ContentHasher`]), 16 hex digits.
+    /// Content hash of the checksum file (`ContentHasher`), 16 hex digits.
     pub hash: String,
 }
 
@@ -101,12 +101,12 @@ pub struct ShardDocs {
     pub docs: String,
     /// Number of documents that start in this shard.
     pub documents: u64,
-    /// Content hash of the four files: [`ContentHasher`] over the little-endian u64 content
+    /// Content hash of the four files: `ContentHasher` over the little-endian u64 content
     /// hashes of ids, index, meta and docs, in that order.
     pub hash: String,
     /// Block checksums of the four files (version 3; optional): one file holding the
     /// checksums of ids, index, meta and docs, in that order, in blocks of
-    /// [`crate::checksum::DOC_BLOCK`] bytes.
+    /// `format::checksum::DOC_BLOCK` bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checksums: Option<ShardChecksums>,
 }
@@ -115,9 +115,9 @@ pub struct ShardDocs {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
-    /// Always [`FORMAT_NAME`].
+    /// Always `FORMAT_NAME`.
     pub format: String,
-    /// Always [`VERSION`] for this build.
+    /// Always `VERSION` for this build.
     pub version: u32,
     /// The record dtype as a numpy descr (`<u4`).
     pub dtype: String,
@@ -164,7 +164,7 @@ impl Manifest {
     /// `metadata` too, which change what a mount serves (an edited dtype of the same item
     /// size, or a dropped metadata flag, would otherwise open under a new fingerprint instead
     /// of being refused), and the version (3 or 4); version 2 covers the shard list only
-    /// ([`content_hash`]).
+    /// (`content_hash`).
     pub fn expected_content_hash(&self) -> String {
         let shards = content_hash(&self.shards);
         if self.version < 3 {

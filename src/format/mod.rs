@@ -25,8 +25,8 @@
 //! | --- | --- |
 //! | `manifest.rs` | [`Manifest`], [`ShardEntry`], [`ShardDocs`], [`ShardChecksums`]: parse, write, content identity |
 //! | `validate.rs` | every invariant of a manifest, checked at parse |
-//! | `hash.rs` | [`ContentHasher`], hashes as hex, in-place identities |
-//! | `checksum.rs` | block checksums: writer ([`checksum::BlockSums`]) and file layout |
+//! | `hash.rs` | `ContentHasher`, hashes as hex, in-place identities |
+//! | `checksum.rs` | block checksums: writer (`checksum::BlockSums`) and file layout |
 //! | `docfiles.rs` | the document files of a shard: which file, record layouts |
 //! | `dtype.rs` | record types and their numpy spellings |
 //! | `npy.rs` | the `.npy` header: writer and parser |
@@ -63,8 +63,8 @@ pub(crate) const FORMAT_NAME: &str = "shufflefs-dataset";
 /// The manifest version this build writes. Bumped on any change that an older reader would
 /// misread; readers refuse versions they do not know with a message saying what to do.
 /// Version 3 added per-shard block checksums (`checksums`); version 4 identifies in-place
-/// shards by their content ([`sampled_identity`]) and stores their paths relative to the
-/// dataset directory where they are inside it, with an [`in_place_guard`].
+/// shards by their content (`sampled_identity`) and stores their paths relative to the
+/// dataset directory where they are inside it, with an `in_place_guard`.
 pub const VERSION: u32 = 4;
 
 /// The oldest manifest version this build reads: a version 2 manifest is a version 3 one

@@ -6,7 +6,7 @@
 //! - the header is the Python literal `{'descr': D, 'fortran_order': False, 'shape': S, }`,
 //!   followed by spare spaces so the first axis can grow in place (21 digits minus the digits
 //!   of `shape[0]`), then space padding and a final `\n` so that the whole preamble
-//!   (magic + version + length + header) is a multiple of [`ALIGN`] bytes. numpy always adds
+//!   (magic + version + length + header) is a multiple of `ALIGN` bytes. numpy always adds
 //!   at least one padding space before the newline (an aligned header gets 64 more).
 
 use crate::error::{Error, Result};

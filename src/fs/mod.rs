@@ -4,7 +4,7 @@
 //! every modification is `EROFS`.
 //!
 //! A request whose answer may block on shard or document files does not run it here: the
-//! adapter's methods ([`ShuffleFs::read_or_job`], [`ShuffleFs::attr_or_job`]) answer at once
+//! adapter's methods (`ShuffleFs::read_or_job`, `ShuffleFs::attr_or_job`) answer at once
 //! from memory (a cached step file, `info.json`, `stats.json`, a cached JSON file, most
 //! attributes) or hand out the work as a value, a [`ReadJob`] or an [`AttrJob`], which the
 //! adapter runs where blocking is allowed (`fuse/dispatch.rs`: inline, or on the deadline
@@ -240,12 +240,12 @@ impl ShuffleFs {
     }
 
     /// Resolves `name` inside directory `parent`, and its attributes (which may read document
-    /// files: the blocking form of [`ShuffleFs::lookup_node`] and [`ShuffleFs::attr_or_job`]).
+    /// files: the blocking form of `ShuffleFs::lookup_node` and `ShuffleFs::attr_or_job`).
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr> {
         self.stat(self.lookup_node(parent, name)?)
     }
 
-    /// Attributes of inode `ino` (the blocking form of [`ShuffleFs::attr_or_job`]).
+    /// Attributes of inode `ino` (the blocking form of `ShuffleFs::attr_or_job`).
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         self.stat(self.node(ino)?)
     }

@@ -67,7 +67,7 @@ pub enum Read<'a> {
 }
 
 /// A read that may block on shard or document files: a plain value, run by
-/// [`ReadJob::run`] wherever the caller decides.
+/// `ReadJob::run` wherever the caller decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadJob {
     node: Node,
@@ -172,7 +172,7 @@ fn shared(bytes: Arc<[u8]>, offset: u64, size: u32) -> Bytes<'static> {
 
 impl ShuffleFs {
     /// Reads up to `size` bytes of file `ino` at `offset` into `out` (cleared first), running
-    /// the job here when there is one: the blocking form of [`ShuffleFs::read_or_job`].
+    /// the job here when there is one: the blocking form of `ShuffleFs::read_or_job`.
     pub fn read(&self, ino: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<()> {
         let mut scratch = Vec::new();
         let bytes = match self.read_or_job(ino, offset, size)? {

@@ -40,7 +40,7 @@ pub struct MountOptions {
     /// Let other users read the mount (`allow_other`, needs `user_allow_other` in
     /// /etc/fuse.conf for non-root mounters).
     pub allow_other: bool,
-    /// The source shown in the mount table, after [`SOURCE_PREFIX`] (the dataset path).
+    /// The source shown in the mount table, after `SOURCE_PREFIX` (the dataset path).
     pub fsname: String,
     /// Owner, group and permission bits of the tree.
     pub owner: Ownership,

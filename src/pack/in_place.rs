@@ -17,7 +17,7 @@ use crate::format::{self, MANIFEST, Manifest, ShardEntry};
 /// its size and sampled content, and referenced by a path relative to the dataset directory
 /// when it is inside it (so copies, archives and moves of the directory keep working and keep
 /// the fingerprint), else by its absolute path. A mount refuses a file whose content samples
-/// changed ([`reference_in_place`]).
+/// changed (`reference_in_place`).
 pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Manifest> {
     if options.doc_sep.is_some() {
         return Err(Error::invalid(

@@ -1,14 +1,14 @@
 //! Clairvoyant prefetch: the daemon knows every rank's future reads.
 //!
-//! When a reader reads step `s` of `(epoch, rank)`, [`Prefetcher::hint`] queues steps
+//! When a reader reads step `s` of `(epoch, rank)`, `Prefetcher::hint` queues steps
 //! `s+1 ..= s+depth` of the same rank (continuing into the next epoch's first steps), skipping
 //! those already cached or being assembled. Background workers assemble each queued step with
-//! the `render` function and insert it into the [`StepCache`] marked as prefetched. The queue is
+//! the `render` function and insert it into the `StepCache` marked as prefetched. The queue is
 //! bounded: when readers outrun the workers, the oldest hints are dropped (they would arrive
 //! too late anyway). A failed prefetch is counted and logged; the later foreground read
 //! assembles the step itself and reports any error then.
 //!
-//! A read that misses the cache asks [`Prefetcher::claim`] first, so a step is never assembled
+//! A read that misses the cache asks `Prefetcher::claim` first, so a step is never assembled
 //! twice: a step still queued is taken off the queue and the reader assembles it (the
 //! prefetcher is behind); a step a worker is assembling right now is waited for (bounded), as
 //! the worker has a head start. Without this, a prefetcher exactly as fast as the reader stays
@@ -45,7 +45,7 @@ pub struct PrefetchConfig {
     pub depth: u64,
     /// Background worker threads (0: only [`Prefetcher::run_queued`] runs them).
     pub workers: usize,
-    /// Let the [`Governor`] pause prefetch when reads are faster without it (only with
+    /// Let the `Governor` pause prefetch when reads are faster without it (only with
     /// workers). Off in tests that count prefetches step by step.
     pub adaptive: bool,
 }

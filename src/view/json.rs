@@ -274,7 +274,7 @@ impl View {
     }
 
     /// The size of `S.json` for `key`, at a fraction of the cost of writing it (see the module
-    /// docs). Equal to the length [`View::write_step_json`] writes whenever that succeeds.
+    /// docs). Equal to the length `View::write_step_json` writes whenever that succeeds.
     pub fn step_json_len(&self, key: StepKey) -> Result<u64> {
         let measure = Measure::default();
         let written = json_len(|c| self.step_json_to(key, c, Some(&measure)))?;
