@@ -131,6 +131,7 @@ struct OpenDocs {
     index: BufWriter<File>,
     meta: BufWriter<File>,
     docs: BufWriter<File>,
+    /// Per file, in the order of [`DocFile::ALL`] (indexed by [`DocFile::index`]).
     tmps: [PathBuf; 4],
     names: [String; 4],
     hashers: [DocHasher; 4],
@@ -329,9 +330,9 @@ impl Writer {
         docs.index
             .write_all(&offset)
             .and_then(|()| docs.meta.write_all(&bytes))
-            .map_err(|e| Error::io(&docs.tmps[2], e))?;
-        docs.hashers[1].update(&offset);
-        docs.hashers[2].update(&bytes);
+            .map_err(|e| Error::io(&docs.tmps[DocFile::Meta.index()], e))?;
+        docs.hashers[DocFile::Index.index()].update(&offset);
+        docs.hashers[DocFile::Meta.index()].update(&bytes);
         docs.meta_bytes += bytes.len() as u64;
         docs.entries += 1;
         docs.local.insert(entry, id);
@@ -373,8 +374,8 @@ impl Writer {
                         .collect();
                 docs.ids
                     .write_all(&ids)
-                    .map_err(|e| Error::io(&docs.tmps[0], e))?;
-                docs.hashers[0].update(&ids);
+                    .map_err(|e| Error::io(&docs.tmps[DocFile::Ids.index()], e))?;
+                docs.hashers[DocFile::Ids.index()].update(&ids);
                 bytes = &bytes[take..];
                 if full {
                     self.finish_shard()?;
@@ -401,8 +402,8 @@ impl Writer {
                 let docs = shard.docs.as_mut().expect("document shard");
                 docs.docs
                     .write_all(&rec)
-                    .map_err(|e| Error::io(&docs.tmps[3], e))?;
-                docs.hashers[3].update(&rec);
+                    .map_err(|e| Error::io(&docs.tmps[DocFile::Docs.index()], e))?;
+                docs.hashers[DocFile::Docs.index()].update(&rec);
                 docs.documents += 1;
                 docs.local.clear();
             }
@@ -442,7 +443,7 @@ impl Writer {
             f.write_all(&rec).map_err(|e| Error::io(&path, e))?;
             f.sync_all().map_err(|e| Error::io(&path, e))?;
             d.documents += 1;
-            self.doc_hashers[index][3].update(&rec);
+            self.doc_hashers[index][DocFile::Docs.index()].update(&rec);
         }
         Ok(())
     }
@@ -480,8 +481,8 @@ impl Writer {
                 let end = d.meta_bytes.to_le_bytes();
                 d.index
                     .write_all(&end)
-                    .map_err(|e| Error::io(&d.tmps[1], e))?;
-                d.hashers[1].update(&end);
+                    .map_err(|e| Error::io(&d.tmps[DocFile::Index.index()], e))?;
+                d.hashers[DocFile::Index.index()].update(&end);
                 let [t0, t1, t2, t3] = d.tmps.clone();
                 sync(d.ids, &t0)?;
                 sync(d.index, &t1)?;
