@@ -16,11 +16,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::dataset::{Dataset, Shard};
+use crate::dataset::{Dataset, DocFiles, Shard};
 use crate::error::{Error, Result};
 use crate::format::checksum::{self, BlockSums};
 use crate::format::docfiles::DocFile;
-use crate::format::{self, ContentHasher, MANIFEST, ShardChecksums, VERSION};
+use crate::format::{self, ContentHasher, MANIFEST, ShardChecksums, ShardEntry, VERSION};
 
 /// Bytes read per call while verifying.
 const CHUNK: usize = 8 << 20;
@@ -84,200 +84,14 @@ pub(crate) fn verify(
     let total = manifest.shards.len() as u64;
     for (i, (entry, shard)) in manifest.shards.iter().zip(dataset.shards()).enumerate() {
         report.shards += 1;
-        let mut whole = ContentHasher::new();
-        let mut blocks = BlockSums::new();
-        let mut scanned = Report::default();
-        let result = scan(shard, &mut scanned, |b| {
-            whole.update(b);
-            blocks.update(b);
-        });
-        report.bytes_read += scanned.bytes_read;
-        if let Err(e) = result {
-            report
-                .problems
-                .push(report_problem(shard.path(), e.to_string()));
-            progress(i as u64 + 1, total);
-            continue;
-        }
-        if entry.in_place_mtime_ns.is_some() && manifest.version >= 4 {
-            match shard.sampled_identity() {
-                Ok(id) if id != entry.hash => report.problems.push(report_problem(
-                    shard.path(),
-                    format!(
-                        "content identity {id} (size and {} sampled pages) but the manifest \
-                         records {}: the file referenced in place changed; restore it or \
-                         re-run `shufflefs pack --in-place`",
-                        format::SAMPLES,
-                        entry.hash
-                    ),
-                )),
-                Ok(_) => {}
-                Err(e) => report
-                    .problems
-                    .push(report_problem(shard.path(), e.to_string())),
+        // A shard that cannot be read whole has nothing more to check.
+        if let Some(sums) = check_content(entry, shard, manifest.version, &mut report) {
+            match (shard.sums(), &entry.checksums) {
+                (Some(file), Some(c)) => check_block_sums(shard, file, c, &sums, &mut report),
+                _ => new_sums[i] = Some(sums),
             }
-        } else if entry.in_place_mtime_ns.is_none()
-            && format::format_hash(whole.finish()) != entry.hash
-        {
-            report.problems.push(report_problem(
-                shard.path(),
-                format!(
-                    "content hash {} but the manifest records {}: the shard changed after \
-                     packing; restore it or re-run `shufflefs pack`",
-                    format::format_hash(whole.finish()),
-                    entry.hash
-                ),
-            ));
-        }
-        let sums = blocks.finish();
-        match (shard.sums(), &entry.checksums) {
-            (Some(file), Some(c)) => {
-                let mut recorded = Vec::with_capacity(file.len() as usize);
-                let mut scanned = Report::default();
-                match scan(file, &mut scanned, |b| recorded.extend_from_slice(b)) {
-                    Err(e) => report
-                        .problems
-                        .push(report_problem(file.path(), e.to_string())),
-                    Ok(()) => {
-                        let sums_intact =
-                            format::format_hash(checksum::file_hash(&recorded)) == c.hash;
-                        if !sums_intact {
-                            report.problems.push(report_problem(
-                                file.path(),
-                                format!(
-                                    "checksum file hash does not match the manifest's {}: \
-                                     the file changed after packing; restore it or re-run \
-                                     `shufflefs pack`",
-                                    c.hash
-                                ),
-                            ));
-                        }
-                        let bad: Vec<u64> = recorded
-                            .chunks_exact(8)
-                            .zip(&sums)
-                            .enumerate()
-                            .filter(|(_, (r, s))| {
-                                u64::from_le_bytes((*r).try_into().expect("8 bytes")) != **s
-                            })
-                            .map(|(k, _)| k as u64)
-                            .collect();
-                        report.blocks_checked += sums.len() as u64;
-                        // With a damaged checksum file, the blocks prove nothing about the
-                        // shard (its content hash, checked above, does).
-                        if sums_intact && !bad.is_empty() {
-                            let shown: Vec<String> = bad
-                                .iter()
-                                .take(8)
-                                .map(|k| {
-                                    let at = k * checksum::BLOCK;
-                                    format!("{at}..{}", (at + checksum::BLOCK).min(shard.len()))
-                                })
-                                .collect();
-                            report.problems.push(report_problem(
-                                shard.path(),
-                                format!(
-                                    "{} of {} blocks fail their checksum (bytes {}{}): restore \
-                                     the shard or re-run `shufflefs pack`",
-                                    bad.len(),
-                                    sums.len(),
-                                    shown.join(", "),
-                                    if bad.len() > 8 { ", ..." } else { "" }
-                                ),
-                            ));
-                        }
-                    }
-                }
-                report.bytes_read += scanned.bytes_read;
-            }
-            _ => new_sums[i] = Some(sums),
-        }
-        if let Some(d) = shard.docs() {
-            let mut hashes = Vec::new();
-            let mut index = Vec::new();
-            let mut doc_blocks = Vec::new();
-            for which in DocFile::ALL {
-                let file = d.file(which);
-                let mut h = ContentHasher::new();
-                let mut blocks = BlockSums::with_block(checksum::DOC_BLOCK);
-                let mut scanned = Report::default();
-                let r = scan(file, &mut scanned, |b| {
-                    h.update(b);
-                    blocks.update(b);
-                    if which == DocFile::Index {
-                        index.extend_from_slice(b);
-                    }
-                });
-                report.bytes_read += scanned.bytes_read;
-                if let Err(e) = r {
-                    report
-                        .problems
-                        .push(report_problem(file.path(), e.to_string()));
-                }
-                hashes.push(h.finish());
-                doc_blocks.extend(blocks.finish());
-            }
-            if let (Some(sums), Some(c)) = (
-                d.sums.as_ref(),
-                entry.docs.as_ref().and_then(|x| x.checksums.as_ref()),
-            ) {
-                let mut recorded = Vec::new();
-                let mut scanned = Report::default();
-                match scan(&sums.file, &mut scanned, |b| recorded.extend_from_slice(b)) {
-                    Err(e) => report
-                        .problems
-                        .push(report_problem(sums.file.path(), e.to_string())),
-                    Ok(()) => {
-                        report.blocks_checked += doc_blocks.len() as u64;
-                        if format::format_hash(checksum::file_hash(&recorded)) != c.hash
-                            || recorded != checksum::encode(&doc_blocks)
-                        {
-                            report.problems.push(report_problem(
-                                sums.file.path(),
-                                "the document files' block checksums do not match the files \
-                                 or the manifest: a document file or its checksum file changed \
-                                 after packing; re-run `shufflefs pack`"
-                                    .to_string(),
-                            ));
-                        }
-                    }
-                }
-                report.bytes_read += scanned.bytes_read;
-            }
-            let mut h = ContentHasher::new();
-            for x in &hashes {
-                h.update(&x.to_le_bytes());
-            }
-            let want = entry
-                .docs
-                .as_ref()
-                .map(|d| d.hash.clone())
-                .unwrap_or_default();
-            if format::format_hash(h.finish()) != want {
-                report.problems.push(report_problem(
-                    d.file(DocFile::Ids).path(),
-                    format!(
-                        "the document files of this shard (.ids .idx .meta .docs) do not hash \
-                         to the manifest's {want}: one changed after packing; re-run \
-                         `shufflefs pack`"
-                    ),
-                ));
-            }
-            let offsets: Vec<u64> = index
-                .chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .collect();
-            let monotonic = offsets.windows(2).all(|w| w[1] >= w[0].saturating_add(16));
-            if offsets.first() != Some(&0)
-                || offsets.last() != Some(&d.file(DocFile::Meta).len())
-                || !monotonic
-            {
-                report.problems.push(report_problem(
-                    d.file(DocFile::Index).path(),
-                    "entry offsets do not start at 0, increase by at least 16 and end at the \
-                     size of the .meta file: the document files are corrupt; re-run `shufflefs \
-                     pack`"
-                        .to_string(),
-                ));
+            if let Some(d) = shard.docs() {
+                check_documents(entry, d, &mut report);
             }
         }
         progress(i as u64 + 1, total);
@@ -286,6 +100,217 @@ pub(crate) fn verify(
         report.checksums_written = write_checksums(&dataset, &new_sums)?;
     }
     Ok(report)
+}
+
+/// Reads shard `shard` whole and checks its identity against `entry`: the content hash, or
+/// for an in-place shard of format version 4 its sampled identity. Returns its block
+/// checksums, or `None` when it cannot be read.
+fn check_content(
+    entry: &ShardEntry,
+    shard: &Shard,
+    version: u32,
+    report: &mut Report,
+) -> Option<Vec<u64>> {
+    let mut whole = ContentHasher::new();
+    let mut blocks = BlockSums::new();
+    let mut scanned = Report::default();
+    let result = scan(shard, &mut scanned, |b| {
+        whole.update(b);
+        blocks.update(b);
+    });
+    report.bytes_read += scanned.bytes_read;
+    if let Err(e) = result {
+        report
+            .problems
+            .push(report_problem(shard.path(), e.to_string()));
+        return None;
+    }
+    if entry.in_place_mtime_ns.is_some() && version >= 4 {
+        match shard.sampled_identity() {
+            Ok(id) if id != entry.hash => report.problems.push(report_problem(
+                shard.path(),
+                format!(
+                    "content identity {id} (size and {} sampled pages) but the manifest \
+                     records {}: the file referenced in place changed; restore it or \
+                     re-run `shufflefs pack --in-place`",
+                    format::SAMPLES,
+                    entry.hash
+                ),
+            )),
+            Ok(_) => {}
+            Err(e) => report
+                .problems
+                .push(report_problem(shard.path(), e.to_string())),
+        }
+    } else if entry.in_place_mtime_ns.is_none() && format::format_hash(whole.finish()) != entry.hash
+    {
+        report.problems.push(report_problem(
+            shard.path(),
+            format!(
+                "content hash {} but the manifest records {}: the shard changed after \
+                 packing; restore it or re-run `shufflefs pack`",
+                format::format_hash(whole.finish()),
+                entry.hash
+            ),
+        ));
+    }
+    Some(blocks.finish())
+}
+
+/// Checks the shard's checksum file `file` (described by `c`): its own hash, and the block
+/// checksums `sums` of the shard's bytes against those it records.
+fn check_block_sums(
+    shard: &Shard,
+    file: &Shard,
+    c: &ShardChecksums,
+    sums: &[u64],
+    report: &mut Report,
+) {
+    let mut recorded = Vec::with_capacity(file.len() as usize);
+    let mut scanned = Report::default();
+    match scan(file, &mut scanned, |b| recorded.extend_from_slice(b)) {
+        Err(e) => report
+            .problems
+            .push(report_problem(file.path(), e.to_string())),
+        Ok(()) => {
+            let sums_intact = format::format_hash(checksum::file_hash(&recorded)) == c.hash;
+            if !sums_intact {
+                report.problems.push(report_problem(
+                    file.path(),
+                    format!(
+                        "checksum file hash does not match the manifest's {}: \
+                         the file changed after packing; restore it or re-run \
+                         `shufflefs pack`",
+                        c.hash
+                    ),
+                ));
+            }
+            let bad: Vec<u64> = recorded
+                .chunks_exact(8)
+                .zip(sums)
+                .enumerate()
+                .filter(|(_, (r, s))| u64::from_le_bytes((*r).try_into().expect("8 bytes")) != **s)
+                .map(|(k, _)| k as u64)
+                .collect();
+            report.blocks_checked += sums.len() as u64;
+            // With a damaged checksum file, the blocks prove nothing about the
+            // shard (its content hash, checked above, does).
+            if sums_intact && !bad.is_empty() {
+                let shown: Vec<String> = bad
+                    .iter()
+                    .take(8)
+                    .map(|k| {
+                        let at = k * checksum::BLOCK;
+                        format!("{at}..{}", (at + checksum::BLOCK).min(shard.len()))
+                    })
+                    .collect();
+                report.problems.push(report_problem(
+                    shard.path(),
+                    format!(
+                        "{} of {} blocks fail their checksum (bytes {}{}): restore \
+                         the shard or re-run `shufflefs pack`",
+                        bad.len(),
+                        sums.len(),
+                        shown.join(", "),
+                        if bad.len() > 8 { ", ..." } else { "" }
+                    ),
+                ));
+            }
+        }
+    }
+    report.bytes_read += scanned.bytes_read;
+}
+
+/// Checks the document files of a shard: their hash, their block checksums, and the entry
+/// offsets of the index.
+fn check_documents(entry: &ShardEntry, d: &DocFiles, report: &mut Report) {
+    let mut hashes = Vec::new();
+    let mut index = Vec::new();
+    let mut doc_blocks = Vec::new();
+    for which in DocFile::ALL {
+        let file = d.file(which);
+        let mut h = ContentHasher::new();
+        let mut blocks = BlockSums::with_block(checksum::DOC_BLOCK);
+        let mut scanned = Report::default();
+        let r = scan(file, &mut scanned, |b| {
+            h.update(b);
+            blocks.update(b);
+            if which == DocFile::Index {
+                index.extend_from_slice(b);
+            }
+        });
+        report.bytes_read += scanned.bytes_read;
+        if let Err(e) = r {
+            report
+                .problems
+                .push(report_problem(file.path(), e.to_string()));
+        }
+        hashes.push(h.finish());
+        doc_blocks.extend(blocks.finish());
+    }
+    if let (Some(sums), Some(c)) = (
+        d.sums.as_ref(),
+        entry.docs.as_ref().and_then(|x| x.checksums.as_ref()),
+    ) {
+        let mut recorded = Vec::new();
+        let mut scanned = Report::default();
+        match scan(&sums.file, &mut scanned, |b| recorded.extend_from_slice(b)) {
+            Err(e) => report
+                .problems
+                .push(report_problem(sums.file.path(), e.to_string())),
+            Ok(()) => {
+                report.blocks_checked += doc_blocks.len() as u64;
+                if format::format_hash(checksum::file_hash(&recorded)) != c.hash
+                    || recorded != checksum::encode(&doc_blocks)
+                {
+                    report.problems.push(report_problem(
+                        sums.file.path(),
+                        "the document files' block checksums do not match the files \
+                         or the manifest: a document file or its checksum file changed \
+                         after packing; re-run `shufflefs pack`"
+                            .to_string(),
+                    ));
+                }
+            }
+        }
+        report.bytes_read += scanned.bytes_read;
+    }
+    let mut h = ContentHasher::new();
+    for x in &hashes {
+        h.update(&x.to_le_bytes());
+    }
+    let want = entry
+        .docs
+        .as_ref()
+        .map(|d| d.hash.clone())
+        .unwrap_or_default();
+    if format::format_hash(h.finish()) != want {
+        report.problems.push(report_problem(
+            d.file(DocFile::Ids).path(),
+            format!(
+                "the document files of this shard (.ids .idx .meta .docs) do not hash \
+                 to the manifest's {want}: one changed after packing; re-run \
+                 `shufflefs pack`"
+            ),
+        ));
+    }
+    let offsets: Vec<u64> = index
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    let monotonic = offsets.windows(2).all(|w| w[1] >= w[0].saturating_add(16));
+    if offsets.first() != Some(&0)
+        || offsets.last() != Some(&d.file(DocFile::Meta).len())
+        || !monotonic
+    {
+        report.problems.push(report_problem(
+            d.file(DocFile::Index).path(),
+            "entry offsets do not start at 0, increase by at least 16 and end at the \
+             size of the .meta file: the document files are corrupt; re-run `shufflefs \
+             pack`"
+                .to_string(),
+        ));
+    }
 }
 
 fn report_problem(path: &Path, message: String) -> Problem {
