@@ -62,30 +62,7 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
         open_descriptors(),
         reserved_descriptors(threads, args.prefetch_workers),
     )?;
-    let mut dataset = crate::dataset::Dataset::open_with(&dataset_dir, max_open, args.allow_other)?;
-    if args.verify_reads {
-        dataset = dataset.with_verified_reads()?;
-        info!("--verify-reads: every shard read is checked against the block checksums");
-    }
-    let config = ViewConfig {
-        max_listing: args.max_listing,
-        ..ViewConfig::from(&plan)
-    };
-    let view = View::new(dataset, &config)?;
-    let info = view.info();
-    info!(
-        "dataset {}: {} tokens, {} observations of {} (stride {}), {} steps/epoch x {} ranks x \
-         {} epochs, fingerprint {}",
-        dataset_dir.display(),
-        info.n_tokens,
-        info.n_observations,
-        info.window,
-        info.stride,
-        info.steps_per_epoch,
-        info.ranks,
-        info.epochs,
-        info.fingerprint
-    );
+    let view = open_view(&dataset_dir, &plan, &args, max_open)?;
     let cache_size = args.cache_size;
     check_cache_size(cache_size, memory_limit())?;
     if let Some(expected) = &args.expect_fingerprint {
@@ -99,18 +76,7 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
         file_mode: args.file_mode,
         dir_mode: args.dir_mode,
     };
-    if cache_size > 0 && args.prefetch_depth > 0 && args.prefetch_workers == 0 {
-        return Err(Error::invalid(
-            "--prefetch-workers 0 would queue prefetches that never run: use --prefetch-depth 0 \
-             to turn prefetch off",
-        ));
-    }
-    if args.prefill && (cache_size == 0 || args.prefetch_depth == 0) {
-        return Err(Error::invalid(
-            "--prefill pushes prefetched steps into the page cache: it needs the step cache \
-             and prefetch (drop --cache-size 0 / --prefetch-depth 0)",
-        ));
-    }
+    check_prefetch_flags(&args)?;
     let mut fs = ShuffleFs::new(view)?;
     if args.stub_reads {
         log::warn!("--stub-reads: every step file serves the same bytes (benchmarking only)");
@@ -141,6 +107,70 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
     if args.foreground {
         return serve(fs, cache, &mountpoint, &options, None);
     }
+    daemonize(fs, cache, &mountpoint, &options, &dataset, (null, log_file))
+}
+
+/// Opens the dataset and its view as the flags say, and logs what it serves.
+fn open_view(
+    dataset_dir: &Path,
+    plan: &crate::cli::PlanOptions,
+    args: &crate::cli::MountFlags,
+    max_open: usize,
+) -> Result<View> {
+    let mut dataset = crate::dataset::Dataset::open_with(dataset_dir, max_open, args.allow_other)?;
+    if args.verify_reads {
+        dataset = dataset.with_verified_reads()?;
+        info!("--verify-reads: every shard read is checked against the block checksums");
+    }
+    let config = ViewConfig {
+        max_listing: args.max_listing,
+        ..ViewConfig::from(plan)
+    };
+    let view = View::new(dataset, &config)?;
+    let info = view.info();
+    info!(
+        "dataset {}: {} tokens, {} observations of {} (stride {}), {} steps/epoch x {} ranks x \
+         {} epochs, fingerprint {}",
+        dataset_dir.display(),
+        info.n_tokens,
+        info.n_observations,
+        info.window,
+        info.stride,
+        info.steps_per_epoch,
+        info.ranks,
+        info.epochs,
+        info.fingerprint
+    );
+    Ok(view)
+}
+
+/// Refuses flag combinations that cannot work.
+fn check_prefetch_flags(args: &crate::cli::MountFlags) -> Result<()> {
+    if args.cache_size > 0 && args.prefetch_depth > 0 && args.prefetch_workers == 0 {
+        return Err(Error::invalid(
+            "--prefetch-workers 0 would queue prefetches that never run: use --prefetch-depth 0 \
+             to turn prefetch off",
+        ));
+    }
+    if args.prefill && (args.cache_size == 0 || args.prefetch_depth == 0) {
+        return Err(Error::invalid(
+            "--prefill pushes prefetched steps into the page cache: it needs the step cache \
+             and prefetch (drop --cache-size 0 / --prefetch-depth 0)",
+        ));
+    }
+    Ok(())
+}
+
+/// Forks: the parent waits until the child reports the mount ready (or relays its exit
+/// code); the child detaches (new session, `/`, standard descriptors to /dev/null) and serves.
+fn daemonize(
+    fs: ShuffleFs,
+    cache: Option<(u64, PrefetchConfig)>,
+    mountpoint: &Path,
+    options: &MountOptions,
+    dataset: &Path,
+    (null, log_file): (File, Option<File>),
+) -> Result<()> {
     // Close-on-exec, so helpers spawned while mounting (fusermount3) do not hold the pipe.
     let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| Error::io("pipe", e.into()))?;
@@ -171,7 +201,7 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
                     "mounted {} at {} (daemon pid {child}, fingerprint {})",
                     dataset.display(),
                     mountpoint.display(),
-                    fs_fingerprint_hint(&mountpoint)
+                    fs_fingerprint_hint(mountpoint)
                 );
                 return Ok(());
             }
@@ -192,7 +222,7 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
                 log_file,
                 null,
             };
-            if let Err(e) = serve(fs, cache, &mountpoint, &options, Some(background)) {
+            if let Err(e) = serve(fs, cache, mountpoint, options, Some(background)) {
                 // Before readiness this reaches the terminal (the parent relays the exit
                 // code); after it, the log file or syslog.
                 if logging::is_stderr() {
