@@ -59,8 +59,7 @@ fn all_steps(fs: &ShuffleFs) -> Vec<Result<Vec<u8>, String>> {
 fn verify_passes_then_finds_the_changed_block() {
     let tmp = tempfile::tempdir().unwrap();
     let ds = packed(tmp.path());
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&fs::read(ds.join("manifest.json")).unwrap()).unwrap();
+    let manifest: serde_json::Value = manifest(&ds);
     assert_eq!(manifest["version"], shufflefs::format::VERSION);
     for s in manifest["shards"].as_array().unwrap() {
         let file = s["checksums"]["file"].as_str().unwrap();

@@ -204,7 +204,7 @@ fn usage_errors_exit_2() {
 
 #[test]
 fn mount_refuses_broken_datasets_naming_the_file() {
-    let data = Positional::new(5000, 4096);
+    let data = Data::positional(5000, 4096);
     let mnt = tempfile::tempdir().unwrap();
     let ds = data.path();
     let mount = |ds: &Path| {
@@ -295,7 +295,7 @@ fn background_daemon_mounts_serves_and_unmounts() {
     if !fuse_available() {
         return;
     }
-    let data = Positional::new(5000, 4096);
+    let data = Data::positional(5000, 4096);
     let mnt = MountDir::new();
     let o = shufflefs(&[
         "mount",
@@ -312,8 +312,7 @@ fn background_daemon_mounts_serves_and_unmounts() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let pid = daemon_pid(&o);
-    let info: serde_json::Value =
-        serde_json::from_slice(&fs::read(mnt.path().join("info.json")).unwrap()).unwrap();
+    let info: serde_json::Value = json(&fs::read(mnt.path().join("info.json")).unwrap());
     assert_eq!(info["epochs"], 3);
     assert!(fs::read(mnt.path().join("epoch/2/rank/1/step/0.npy")).is_ok());
     // A second mount on a live shufflefs mount is refused.
@@ -332,10 +331,7 @@ fn background_daemon_mounts_serves_and_unmounts() {
         "{}",
         stderr(&o2)
     );
-    let u = shufflefs(&["unmount", s(mnt.path())]);
-    assert!(u.status.success(), "{}", stderr(&u));
-    assert!(wait_gone(pid), "daemon exits after unmount");
-    assert!(!is_mounted(mnt.path()));
+    unmount_and_wait(mnt.path(), pid);
 }
 
 #[test]
@@ -343,24 +339,22 @@ fn sigterm_and_sigint_unmount_cleanly() {
     if !fuse_available() {
         return;
     }
-    let data = Positional::new(5000, 4096);
+    let data = Data::positional(5000, 4096);
     for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGTERM, libc::SIGINT] {
         let mnt = MountDir::new();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_shufflefs"))
-            .args([
-                "mount",
-                s(&data.path()),
-                s(mnt.path()),
-                "--window",
-                "10",
-                "--batch-size",
-                "2",
-                "--foreground",
-            ])
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = command(&[
+            "mount",
+            s(&data.path()),
+            s(mnt.path()),
+            "--window",
+            "10",
+            "--batch-size",
+            "2",
+            "--foreground",
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         while !mnt.path().join("info.json").exists() {
             assert!(Instant::now() < deadline, "mount did not come up");
@@ -392,7 +386,7 @@ fn stale_mount_of_a_killed_daemon_is_cleared() {
     if !fuse_available() {
         return;
     }
-    let data = Positional::new(5000, 4096);
+    let data = Data::positional(5000, 4096);
     let mnt = MountDir::new();
     let ds = data.path();
     let args = [
@@ -416,12 +410,7 @@ fn stale_mount_of_a_killed_daemon_is_cleared() {
         matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)),
         "a killed daemon leaves a stale mount: {e:?}"
     );
-    let o = Command::new(env!("CARGO_BIN_EXE_shufflefs"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    let o = shufflefs_ok(&args);
     assert!(
         stderr(&o).contains("stale"),
         "clearing is logged: {}",
@@ -429,10 +418,7 @@ fn stale_mount_of_a_killed_daemon_is_cleared() {
     );
     let after = fs::read(mnt.path().join("epoch/0/rank/0/step/7.npy")).unwrap();
     assert_eq!(before, after);
-    let pid = daemon_pid(&o);
-    assert!(shufflefs(&["unmount", s(mnt.path())]).status.success());
-    assert!(wait_gone(pid));
-    assert!(!is_mounted(mnt.path()));
+    unmount_and_wait(mnt.path(), daemon_pid(&o));
 }
 
 #[test]
@@ -566,7 +552,7 @@ fn symlinked_mount_point_is_resolved() {
     if !fuse_available() {
         return;
     }
-    let data = Positional::new(5000, 4096);
+    let data = Data::positional(5000, 4096);
     let dir = tempfile::tempdir().unwrap();
     let real = dir.path().join("real");
     fs::create_dir(&real).unwrap();
@@ -592,8 +578,7 @@ fn symlinked_mount_point_is_resolved() {
         "{}",
         stderr(&o2)
     );
-    assert!(shufflefs(&["unmount", s(&link)]).status.success());
-    assert!(wait_gone(pid));
+    unmount_and_wait(&link, pid);
     assert!(!is_mounted(&real));
 }
 
@@ -602,7 +587,7 @@ fn an_old_daemon_never_touches_a_newer_mount_at_the_same_path() {
     if !fuse_available() {
         return;
     }
-    let data = Positional::new(5000, 4096);
+    let data = Data::positional(5000, 4096);
     let mnt = MountDir::new();
     let ds = data.path();
     let args = [
@@ -628,13 +613,12 @@ fn an_old_daemon_never_touches_a_newer_mount_at_the_same_path() {
         "the new mount survives the old daemon's exit"
     );
     assert!(fs::read(mnt.path().join("epoch/0/rank/0/step/3.npy")).is_ok());
-    assert!(shufflefs(&["unmount", s(mnt.path())]).status.success());
-    assert!(wait_gone(new));
+    unmount_and_wait(mnt.path(), new);
 }
 
 #[test]
 fn mount_point_errors_say_what_to_do() {
-    let data = Positional::new(5000, 4096);
+    let data = Data::positional(5000, 4096);
     let ds = data.path();
     let o = shufflefs(&["mount", s(&ds), "/", "--window", "10", "--batch-size", "2"]);
     assert!(

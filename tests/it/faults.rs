@@ -13,7 +13,6 @@ use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -21,7 +20,6 @@ use std::time::{Duration, Instant};
 use shufflefs::dtype::ScalarType;
 use shufflefs::fs::ShuffleFs;
 use shufflefs::npy;
-use shufflefs::pack::{PackOptions, pack};
 use shufflefs::plan::StepKey;
 use shufflefs::prefetch::PrefetchConfig;
 use shufflefs::view::{View, ViewConfig};
@@ -30,29 +28,6 @@ use crate::common::*;
 
 /// No single read may wait longer than this (a generous bound, not a speed assertion).
 const READ_BOUND: Duration = Duration::from_secs(20);
-
-/// How long a daemon may take to come up, or to exit after an unmount.
-const DAEMON_BOUND: Duration = Duration::from_secs(20);
-
-/// xorshift64*: reproducible choices per reader thread.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng((seed + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// Every step file of a plan, rendered once through the model before any load.
 struct Expected {
@@ -69,7 +44,7 @@ struct Expected {
 impl Expected {
     /// Renders every `S.npy` and `S.json` of `cfg` (u32 positional data) through the model and
     /// checks each `.npy` against the independent positional reference.
-    fn build(data: &Positional, cfg: &ViewConfig) -> Expected {
+    fn build(data: &Data, cfg: &ViewConfig) -> Expected {
         let expected = Expected::render(data.fs(cfg).view());
         let header = npy::header("'<u4'", &[cfg.batch_size, cfg.window]).unwrap();
         assert_eq!(expected.header_len, header.len());
@@ -150,11 +125,8 @@ impl Expected {
     }
 }
 
-fn step_path(root: &Path, key: StepKey, ext: &str) -> PathBuf {
-    root.join(format!(
-        "epoch/{}/rank/{}/step/{}.{ext}",
-        key.epoch, key.rank, key.step
-    ))
+fn key_path(root: &Path, key: StepKey, ext: &str) -> PathBuf {
+    step_path(root, key.epoch, key.rank, key.step, ext)
 }
 
 /// Reads `size` bytes at `offset` with one `pread` and checks them against `want` (the whole
@@ -178,26 +150,6 @@ fn check_range(
             ))
         }),
     )
-}
-
-/// Why `got` is not `want`, if it is not: short, long, zero-filled or different bytes.
-fn describe(got: &[u8], want: &[u8]) -> Option<String> {
-    if got == want {
-        return None;
-    }
-    let first = got.iter().zip(want).position(|(a, b)| a != b);
-    Some(if got.len() < want.len() && first.is_none() {
-        format!("short: {} of {} bytes", got.len(), want.len())
-    } else if got.len() != want.len() {
-        format!("{} bytes instead of {}", got.len(), want.len())
-    } else {
-        let at = first.expect("differs");
-        let zeros = got[at..].iter().take(64).all(|&b| b == 0);
-        format!(
-            "different bytes from offset {at}{}",
-            if zeros { " (zero-filled)" } else { "" }
-        )
-    })
 }
 
 /// The FUSE connection of a mount, so a watchdog can abort it (every waiting request then
@@ -301,7 +253,7 @@ fn soak_read(
             }
             (
                 0,
-                whole(step_path(root, key, "npy"), expected.bytes(key, "npy")),
+                whole(key_path(root, key, "npy"), expected.bytes(key, "npy")),
             )
         }
         // Any range of any step, past the end included (the file is > 128 KiB, so a large
@@ -311,14 +263,14 @@ fn soak_read(
             let want = expected.bytes(key, "npy");
             let offset = rng.below(want.len() as u64 + 2);
             let size = 1 + rng.below(300_000) as usize;
-            let r = check_range(&step_path(root, key, "npy"), want, offset, size);
+            let r = check_range(&key_path(root, key, "npy"), want, offset, size);
             (1, r.map(|c| (size as u64, c)))
         }
         65..90 => {
             let key = expected.random_key(rng);
             (
                 2,
-                whole(step_path(root, key, "json"), expected.bytes(key, "json")),
+                whole(key_path(root, key, "json"), expected.bytes(key, "json")),
             )
         }
         90..95 => (3, whole(root.join("info.json"), &expected.info)),
@@ -357,7 +309,7 @@ fn soak_64_readers_through_cache_and_prefetch() {
     const READERS: usize = 64;
     let secs = soak_secs();
     // 2 M u32 tokens in 16 shards; step files of 8 rows x 4097 tokens (131 KiB: two READs).
-    let data = Positional::new(2_000_000, 512 << 10);
+    let data = Data::positional(2_000_000, 512 << 10);
     let cfg = config(4097, 4096, 8, 4, 1234, 4);
     let expected = Expected::build(&data, &cfg);
     let step_len = expected.npy[0].len() as u64;
@@ -450,8 +402,7 @@ fn soak_64_readers_through_cache_and_prefetch() {
     });
     let elapsed = t0.elapsed();
     let load = |a: &AtomicU64| a.load(Ordering::SeqCst);
-    let stats: serde_json::Value =
-        serde_json::from_slice(&fs::read(root.join("stats.json")).unwrap()).unwrap();
+    let stats: serde_json::Value = stats(&root);
     let reads = load(&counters.reads);
     let kinds: Vec<u64> = counters.by_kind.iter().map(load).collect();
     let least = per_reader.iter().map(load).min().unwrap();
@@ -504,75 +455,13 @@ const KILLS: usize = 20;
 /// for new requests, `ECONNABORTED` for those in flight when it died).
 const NOT_CONNECTED: [i32; 2] = [libc::ENOTCONN, libc::ECONNABORTED];
 
-/// A daemon process, SIGKILLed and reaped when dropped.
-struct Daemon(Option<Child>);
-
-impl Daemon {
-    fn child(&mut self) -> &mut Child {
-        self.0.as_mut().expect("daemon")
-    }
-
-    /// SIGKILLs the daemon and reaps it.
-    fn kill(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// Waits (bounded) for the daemon to exit by itself and returns its exit code.
-    fn wait_exit(&mut self) -> Option<i32> {
-        let deadline = Instant::now() + DAEMON_BOUND;
-        loop {
-            if let Some(status) = self.child().try_wait().unwrap() {
-                self.0 = None;
-                return status.code();
-            }
-            assert!(Instant::now() < deadline, "the daemon did not exit");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 /// Starts `shufflefs mount -f` with its log (stderr) in `log`, and waits until the mount
-/// serves `info.json` with the expected bytes.
+/// serves `info.json` with the expected bytes (before that it is the stale mount, ENOTCONN, or
+/// the bare directory).
 fn start_foreground(args: &[&str], mountpoint: &Path, log: &Path, info: &[u8]) -> Daemon {
-    let mut daemon = Daemon(Some(
-        Command::new(env!("CARGO_BIN_EXE_shufflefs"))
-            .args(args)
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(log).unwrap())
-            .spawn()
-            .unwrap(),
-    ));
-    let deadline = Instant::now() + DAEMON_BOUND;
-    loop {
-        if let Some(status) = daemon.child().try_wait().unwrap() {
-            daemon.0 = None;
-            panic!(
-                "the daemon exited with {status} before serving: {}",
-                fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-        // Before the mount is up this is the stale mount (ENOTCONN) or the bare directory.
-        if fs::read(mountpoint.join("info.json")).is_ok_and(|b| b == info) {
-            return daemon;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the mount did not come up: {}",
-            fs::read_to_string(log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    Daemon::start(args, log, || {
+        fs::read(mountpoint.join("info.json")).is_ok_and(|b| b == info)
+    })
 }
 
 /// Counters of the kill test, shared by the readers.
@@ -598,7 +487,7 @@ fn sigkilled_daemon_restarts_on_its_stale_mount() {
     const READERS: u64 = 4;
     // 600 k u32 tokens in 10 shards; step files of 8 x 4097 tokens (131 KiB: two READs each,
     // so a kill can fall between the READs of one file).
-    let data = Positional::new(600_000, 256 << 10);
+    let data = Data::positional(600_000, 256 << 10);
     let cfg = config(4097, 4096, 8, 2, 99, 2);
     let expected = Expected::build(&data, &cfg);
     let mnt = MountDir::new();
@@ -645,7 +534,7 @@ fn sigkilled_daemon_restarts_on_its_stale_mount() {
                     let key = expected.random_key(&mut rng);
                     let choice = rng.below(10);
                     let ext = if choice < 8 { "npy" } else { "json" };
-                    let path = step_path(root, key, ext);
+                    let path = key_path(root, key, ext);
                     let want = expected.bytes(key, ext);
                     let outcome = if choice == 7 {
                         let offset = rng.below(want.len() as u64);
@@ -692,7 +581,7 @@ fn sigkilled_daemon_restarts_on_its_stale_mount() {
             );
             // A file kept open across the kill: the stale mount is busy when it is cleared.
             let held_key = expected.random_key(&mut rng);
-            let held = File::open(step_path(&root, held_key, "npy")).unwrap();
+            let held = File::open(key_path(&root, held_key, "npy")).unwrap();
             std::thread::sleep(Duration::from_millis(rng.below(40)));
             daemon.kill();
             // The readers run into the stale mount.
@@ -715,7 +604,7 @@ fn sigkilled_daemon_restarts_on_its_stale_mount() {
             for k in 0..4 {
                 let key = expected.random_key(&mut rng);
                 for ext in ["npy", "json"] {
-                    let got = fs::read(step_path(&root, key, ext)).unwrap();
+                    let got = fs::read(key_path(&root, key, ext)).unwrap();
                     assert!(
                         got == expected.bytes(key, ext),
                         "cycle {cycle}: the new daemon serves other bytes for {key:?}.{ext} ({k})"
@@ -767,8 +656,7 @@ fn sigkilled_daemon_restarts_on_its_stale_mount() {
         errnos.keys().all(|e| NOT_CONNECTED.contains(e)),
         "only 'not connected' errors: {named:?}"
     );
-    let u = shufflefs(&["unmount", s(&root)]);
-    assert!(u.status.success(), "{}", String::from_utf8_lossy(&u.stderr));
+    unmount(&root);
     assert_eq!(daemon.wait_exit(), Some(0), "the last daemon exits cleanly");
     assert!(!is_mounted(&root), "nothing remains in the mount table");
 }
@@ -879,7 +767,7 @@ fn mutation_under_live_mount(mutation: Mutation) {
     }
     for cached in [false, true] {
         // 60 k u32 tokens in 8 shards of 32 KiB; 2 epochs x 2 ranks x 29 steps of 4 x 257.
-        let data = Positional::new(60_000, 32 << 10);
+        let data = Data::positional(60_000, 32 << 10);
         let cfg = config(257, 256, 4, 2, 9, 2);
         let expected = Expected::build(&data, &cfg);
         let shards = shard_paths(&data.path());
@@ -934,7 +822,7 @@ fn mutation_under_live_mount(mutation: Mutation) {
         for key in expected.keys() {
             for ext in ["npy", "json"] {
                 assert!(
-                    fs::read(step_path(&root, key, ext)).unwrap() == expected.bytes(key, ext),
+                    fs::read(key_path(&root, key, ext)).unwrap() == expected.bytes(key, ext),
                     "{key:?}.{ext} before the mutation"
                 );
             }
@@ -946,14 +834,14 @@ fn mutation_under_live_mount(mutation: Mutation) {
             let observations = json_observations(expected.bytes(key, "json"));
             let rows: Vec<_> = observations.iter().map(|&o| row_range(o)).collect();
             let needs_shard = rows.iter().any(|r| overlaps(r, &(start..end)));
-            let npy = step_path(&root, key, "npy");
+            let npy = key_path(&root, key, "npy");
             let want = expected.bytes(key, "npy");
             if !needs_shard {
                 // Stream-mode S.json needs no shard bytes, and neither does this S.npy.
                 unaffected += 1;
                 for (path, want) in [
                     (&npy, want),
-                    (&step_path(&root, key, "json"), expected.bytes(key, "json")),
+                    (&key_path(&root, key, "json"), expected.bytes(key, "json")),
                 ] {
                     let got = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
                     assert!(
@@ -978,7 +866,7 @@ fn mutation_under_live_mount(mutation: Mutation) {
                     npy.display()
                 );
             }
-            let json = step_path(&root, key, "json");
+            let json = key_path(&root, key, "json");
             let outcome = fs::read(&json)
                 .map(|got| describe(&got, expected.bytes(key, "json")).map_or(Ok(()), Err));
             tally.record(&format!("{}", json.display()), outcome);
@@ -1035,7 +923,7 @@ fn mutation_under_live_mount(mutation: Mutation) {
 /// A new mount of the mutated dataset: refused, naming the shard, when the shard's size
 /// changed or it is gone. A chmod 000 shard is refused unless the mounter is root (root
 /// opens it anyway, and its bytes are unchanged).
-fn remount_after(mutation: Mutation, data: &Positional, target: &Target, expected: &Expected) {
+fn remount_after(mutation: Mutation, data: &Data, target: &Target, expected: &Expected) {
     let name = target
         .path
         .file_name()
@@ -1090,17 +978,11 @@ fn remount_after(mutation: Mutation, data: &Positional, target: &Target, expecte
         assert!(o.status.success(), "{stderr}");
         for key in expected.keys() {
             assert!(
-                fs::read(step_path(mnt.path(), key, "npy")).unwrap() == expected.bytes(key, "npy"),
+                fs::read(key_path(mnt.path(), key, "npy")).unwrap() == expected.bytes(key, "npy"),
                 "{key:?}"
             );
         }
-        let u = shufflefs(&["unmount", s(mnt.path())]);
-        assert!(u.status.success(), "{}", String::from_utf8_lossy(&u.stderr));
-        let deadline = Instant::now() + DAEMON_BOUND;
-        while is_mounted(mnt.path()) {
-            assert!(Instant::now() < deadline, "the unmount is bounded");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        unmount(mnt.path());
         return;
     }
     assert_eq!(
@@ -1145,7 +1027,6 @@ fn truncated_metadata_file_under_live_mount() {
     if !fuse_available() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
     let mut lines = String::new();
     let mut pos = 0u64;
     for k in 0..400u64 {
@@ -1156,20 +1037,11 @@ fn truncated_metadata_file_under_live_mount() {
         lines.push('\n');
         pos += len;
     }
-    let input = dir.path().join("docs.jsonl");
-    fs::write(&input, lines).unwrap();
-    let ds = dir.path().join("ds");
-    let options = PackOptions {
-        dtype: Some(ScalarType::U32),
-        shard_size: 2048,
-        ..PackOptions::default()
-    };
-    pack(&ds, &[input], &options).unwrap();
+    let data = Data::jsonl(&lines, ScalarType::U32, 2048, None);
+    let ds = data.path();
     let cfg = config(9, 9, 2, 2, 5, 1);
     let expected = Expected::render(&View::open(&ds, &cfg).unwrap());
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&fs::read(ds.join("manifest.json")).unwrap()).unwrap();
-    let name = manifest["shards"][2]["docs"]["meta"]
+    let name = manifest(&ds)["shards"][2]["docs"]["meta"]
         .as_str()
         .unwrap()
         .to_string();
@@ -1180,7 +1052,7 @@ fn truncated_metadata_file_under_live_mount() {
     for key in expected.keys() {
         for ext in ["npy", "json"] {
             assert!(
-                fs::read(step_path(&root, key, ext)).unwrap() == expected.bytes(key, ext),
+                fs::read(key_path(&root, key, ext)).unwrap() == expected.bytes(key, ext),
                 "{key:?}.{ext} before the mutation"
             );
         }
@@ -1190,10 +1062,10 @@ fn truncated_metadata_file_under_live_mount() {
     drop(f);
     let mut tally = MutationTally::default();
     for key in expected.keys() {
-        let npy = step_path(&root, key, "npy");
+        let npy = key_path(&root, key, "npy");
         let got = fs::read(&npy).unwrap_or_else(|e| panic!("{}: {e}", npy.display()));
         assert!(got == expected.bytes(key, "npy"), "{}", npy.display());
-        let json = step_path(&root, key, "json");
+        let json = key_path(&root, key, "json");
         let want = expected.bytes(key, "json");
         let outcome = fs::read(&json).map(|got| describe(&got, want).map_or(Ok(()), Err));
         tally.record(&json.display().to_string(), outcome);
@@ -1257,7 +1129,7 @@ fn stats_json_read_in_pieces_is_one_snapshot() {
     if !fuse_available() {
         return;
     }
-    let data = Positional::new(60_000, 32 << 10);
+    let data = Data::positional(60_000, 32 << 10);
     let cfg = config(257, 256, 4, 2, 9, 1);
     let step_len = data.fs(&cfg).view().step_npy_len();
     // No prefetch: only the reads below change the counters.

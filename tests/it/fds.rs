@@ -28,7 +28,7 @@ fn at_most_max_open_files_and_replaced_shards_are_never_served() {
         return;
     }
     // 16 shards of 4 KiB (+ 16 checksum files): 32 files, at most 5 open.
-    let data = Positional::new(16 * 1024, 4096);
+    let data = Data::positional(16 * 1024, 4096);
     let cfg = config(100, 100, 4, 1, 9, 1);
     // The expected files, computed first: the reference keeps every file open.
     let reference = data.fs(&cfg);

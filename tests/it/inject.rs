@@ -78,7 +78,7 @@ enum Mode {
 
 struct Control {
     mode: Mode,
-    rng: u64,
+    rng: Rng,
     stalls_left: u64,
     /// Told each time a stall begins (after it is counted in [`Gate::stalled`]).
     stall_started: Option<mpsc::Sender<()>>,
@@ -113,7 +113,7 @@ impl Faults {
         Faults {
             control: Mutex::new(Control {
                 mode: Mode::Off,
-                rng: seed,
+                rng: Rng::new(seed),
                 stalls_left: 0,
                 stall_started: None,
             }),
@@ -148,7 +148,7 @@ impl Faults {
                 eof,
                 stall,
             } => {
-                let r = splitmix(&mut c.rng);
+                let r = c.rng.next();
                 let x = r % 10_000;
                 if x < eio {
                     Action::Eio
@@ -392,7 +392,7 @@ impl Tally {
         match result {
             Ok(got) => {
                 self.ok += 1;
-                let wrong = wrong_bytes(&got, &t.want);
+                let wrong = mismatches(&got, &t.want);
                 if wrong > 0 {
                     self.wrong_bytes += wrong;
                     self.problems
@@ -417,29 +417,12 @@ impl Tally {
     }
 }
 
-/// Bytes that differ, counting a length difference as wrong bytes.
-fn wrong_bytes(got: &[u8], want: &[u8]) -> u64 {
-    let differ = got.iter().zip(want).filter(|(a, b)| a != b).count();
-    (differ + got.len().abs_diff(want.len())) as u64
-}
-
-/// Whether any mount-table entry names `path` (after the mount's guard is gone).
-fn in_mount_table(path: &Path) -> bool {
-    let table = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let target = path.to_str().unwrap();
-    table.lines().any(|l| l.split(' ').nth(4) == Some(target))
-}
-
 fn fuse_mounts() -> usize {
     fs::read_to_string("/proc/mounts")
         .unwrap()
         .lines()
         .filter(|l| l.contains("fuse"))
         .count()
-}
-
-fn stats(m: &TestMount) -> serde_json::Value {
-    serde_json::from_slice(&fs::read(m.path().join("stats.json")).unwrap()).unwrap()
 }
 
 /// Differences of stats.json cache counters.
@@ -450,7 +433,7 @@ fn delta(before: &serde_json::Value, after: &serde_json::Value, counter: &str) -
 /// Reads `t` and asserts it succeeds with exact bytes.
 fn read_exact(t: &Target) {
     let got = fs::read(&t.path).unwrap_or_else(|e| panic!("{}: {e}", t.name));
-    assert_eq!(wrong_bytes(&got, &t.want), 0, "{}", t.name);
+    assert_eq!(mismatches(&got, &t.want), 0, "{}", t.name);
 }
 
 /// On a fresh mount with a cache: the prefetch worker stalls on the step after the one read.
@@ -472,7 +455,7 @@ fn a_stalled_prefetch_never_fails_a_read(
         0,
         Some(started_tx),
     );
-    let before = stats(m);
+    let before = stats(m.path());
     assert_eq!(delta(&before, &before, "prefetched"), 0);
     // Queues steps 51..=54 of rank 1; the (single) worker takes 51 first and stalls.
     read_exact(&targets[step(0, 1, 50)]);
@@ -481,7 +464,7 @@ fn a_stalled_prefetch_never_fails_a_read(
         .expect("the prefetch worker stalled");
     read_exact(&targets[step(0, 1, 51)]);
     read_exact(&targets[step(0, 1, 52)]);
-    let during = stats(m);
+    let during = stats(m.path());
     assert_eq!(delta(&before, &during, "prefetch_waited"), 1, "{during}");
     assert_eq!(delta(&before, &during, "prefetch_claimed"), 1, "{during}");
     assert_eq!(delta(&before, &during, "prefetched"), 0, "{during}");
@@ -489,14 +472,14 @@ fn a_stalled_prefetch_never_fails_a_read(
     faults.release();
     // The worker finishes step 51 after all: wait (bounded) until it is cached.
     let start = Instant::now();
-    while delta(&before, &stats(m), "prefetched") == 0 {
+    while delta(&before, &stats(m.path()), "prefetched") == 0 {
         assert!(start.elapsed() < PHASE_CAP, "the worker never finished");
         std::thread::sleep(Duration::from_millis(5));
     }
-    let hits = stats(m);
+    let hits = stats(m.path());
     read_exact(&targets[step(0, 1, 51)]);
     assert_eq!(
-        delta(&hits, &stats(m), "hits"),
+        delta(&hits, &stats(m.path()), "hits"),
         1,
         "the late prefetch is served"
     );
@@ -526,7 +509,7 @@ fn a_stall_shorter_than_the_deadline_is_no_error(faults: &Arc<Faults>, t: &Targe
         .recv_timeout(PHASE_CAP)
         .unwrap()
         .unwrap_or_else(|e| panic!("{}: a short stall failed the read: {e}", t.name));
-    assert_eq!(wrong_bytes(&got, &t.want), 0, "{}", t.name);
+    assert_eq!(mismatches(&got, &t.want), 0, "{}", t.name);
 }
 
 /// Holds [`HELD_STALLS`] reads stalled (two of them block FUSE threads, one a pool thread) and
@@ -579,15 +562,15 @@ fn stalled_reads_leave_the_mount_responsive(
         fs::read(m.path().join("info.json")).unwrap(),
         reference.view().info_json()
     );
-    let before = stats(m);
+    let before = stats(m.path());
     // Another step, which needs the shards (a pool thread reads it).
     let other = &targets[step(0, 0, 40)];
-    assert_eq!(wrong_bytes(&fs::read(&other.path).unwrap(), &other.want), 0);
+    assert_eq!(mismatches(&fs::read(&other.path).unwrap(), &other.want), 0);
     if with_cache {
         // Cached by the prefetch worker in `a_stalled_prefetch_never_fails_a_read`.
         let hit = &targets[step(0, 1, 51)];
-        assert_eq!(wrong_bytes(&fs::read(&hit.path).unwrap(), &hit.want), 0);
-        let after = stats(m);
+        assert_eq!(mismatches(&fs::read(&hit.path).unwrap(), &hit.want), 0);
+        let after = stats(m.path());
         assert!(
             after["cache"]["hits"].as_u64() > before["cache"]["hits"].as_u64(),
             "a cache hit was served: {before} -> {after}"
@@ -631,7 +614,7 @@ fn stalled_reads_leave_the_mount_responsive(
     faults.release();
     for &t in &stalled {
         assert_eq!(
-            wrong_bytes(&fs::read(&targets[t].path).unwrap(), &targets[t].want),
+            mismatches(&fs::read(&targets[t].path).unwrap(), &targets[t].want),
             0,
             "{} after its stall",
             targets[t].name
@@ -659,12 +642,12 @@ fn random_faults(faults: &Arc<Faults>, targets: &[Target], seed: u64, stalls: u6
         let readers: Vec<_> = (0..READERS)
             .map(|r| {
                 scope.spawn(move || {
-                    let mut rng = seed ^ (r + 1).wrapping_mul(0x1234_5678_9ABC_DEF1);
+                    let mut rng = Rng::new(seed ^ (r + 1).wrapping_mul(0x1234_5678_9ABC_DEF1));
                     let mut tally = Tally::default();
                     while (faults.total() - base < FAULTS_PER_VARIANT || faults.stalls_left() > 0)
                         && start.elapsed() < PHASE_CAP
                     {
-                        let t = &targets[(splitmix(&mut rng) % targets.len() as u64) as usize];
+                        let t = rng.pick(targets);
                         tally.read(t);
                     }
                     tally
@@ -713,7 +696,7 @@ fn run_variant(with_cache: bool, seed: u64) {
     let began = Instant::now();
     let fuse_before = fuse_mounts();
     // 120,000 u32 tokens in shards of 1,000 tokens: windows of 33 often straddle two shards.
-    let data = Positional::new(120_000, 4000);
+    let data = Data::positional(120_000, 4000);
     let cfg = config(33, 32, 4, 2, seed, 2);
     let reference = data.fs(&cfg);
     let faults = Arc::new(Faults::new(seed));
@@ -732,7 +715,7 @@ fn run_variant(with_cache: bool, seed: u64) {
     stalled_reads_leave_the_mount_responsive(&m, &faults, &reference, &step, &targets, with_cache);
     let random = random_faults(&faults, &targets, seed, RANDOM_STALLS);
     let clean = clean_pass(&targets);
-    let stats = stats(&m);
+    let stats = stats(m.path());
 
     let variant = if with_cache {
         "cache+prefetch"
@@ -784,10 +767,7 @@ fn run_variant(with_cache: bool, seed: u64) {
         );
     }
     m.unmount();
-    assert!(
-        !in_mount_table(&mountpoint),
-        "no mount left at {mountpoint:?}"
-    );
+    assert!(!is_mounted(&mountpoint), "no mount left at {mountpoint:?}");
     let fuse_after = fuse_mounts();
     if fuse_after != fuse_before {
         // Other processes may mount and unmount meanwhile: informational only.
@@ -796,7 +776,7 @@ fn run_variant(with_cache: bool, seed: u64) {
 }
 
 #[test]
-fn faults_without_cache_never_give_wrong_bytes() {
+fn faults_without_cache_never_give_mismatches() {
     if !fuse_available() {
         return;
     }
@@ -804,52 +784,11 @@ fn faults_without_cache_never_give_wrong_bytes() {
 }
 
 #[test]
-fn faults_with_cache_and_prefetch_never_give_wrong_bytes() {
+fn faults_with_cache_and_prefetch_never_give_mismatches() {
     if !fuse_available() {
         return;
     }
     run_variant(true, 0x5EED_0002);
-}
-
-/// A dataset of 400 JSON Lines documents (1 to 11 tokens, with metadata) in small shards.
-fn documents_dataset(dir: &Path) -> PathBuf {
-    let mut lines = String::new();
-    for k in 0..400u64 {
-        let len = 1 + k % 11;
-        let tokens: Vec<u64> = (k * 100..k * 100 + len).collect();
-        let spans = if len >= 4 {
-            format!(", \"spans\": [{{\"start\": 1, \"end\": 3, \"meta\": [{k}]}}]")
-        } else {
-            String::new()
-        };
-        lines.push_str(&format!(
-            "{{\"tokens\": {tokens:?}, \"meta\": {{\"doc\": {k}}}{spans}}}\n"
-        ));
-    }
-    let input = dir.join("docs.jsonl");
-    fs::write(&input, lines).unwrap();
-    let ds = dir.join("ds");
-    let options = shufflefs::pack::PackOptions {
-        dtype: Some(ScalarType::U32),
-        shard_size: 1024,
-        ..Default::default()
-    };
-    shufflefs::pack::pack(&ds, &[input], &options).unwrap();
-    ds
-}
-
-/// The bytes of `path` in `fs`, without a mount.
-fn read_model(fs: &ShuffleFs, path: &str) -> Vec<u8> {
-    let mut ino = shufflefs::fs::ROOT_INO;
-    for part in path.split('/') {
-        ino = fs.lookup(ino, std::ffi::OsStr::new(part)).unwrap().ino;
-    }
-    let len = fs.getattr(ino).unwrap().size;
-    let mut out = Vec::new();
-    fs.read(ino, 0, u32::try_from(len + 1).unwrap(), &mut out)
-        .unwrap();
-    assert_eq!(out.len() as u64, len, "{path}");
-    out
 }
 
 /// Faults in the shards and the document files of a dataset with documents, through every
@@ -862,8 +801,8 @@ fn faults_in_document_files_never_give_wrong_json() {
     }
     let _serial = lock(&SERIAL);
     let began = Instant::now();
-    let dir = tempfile::tempdir().unwrap();
-    let ds = documents_dataset(dir.path());
+    let corpus = Corpus::new(400, 1024);
+    let ds = corpus.ds.clone();
     let cfg = config(8, 8, 2, 2, 11, 2);
     let reference = ShuffleFs::new(View::open(&ds, &cfg).unwrap()).unwrap();
     let faults = Arc::new(Faults::new(0x5EED_0003));
@@ -888,12 +827,12 @@ fn faults_in_document_files_never_give_wrong_json() {
         .into_iter()
         .map(|name| Target {
             path: m.path().join(&name),
-            want: read_model(&reference, &name),
+            want: read_all(&reference, &name),
             name,
         })
         .collect();
     // The model's S.json carries metadata rows: the document files are really read.
-    let json = String::from_utf8(read_model(&reference, "epoch/0/rank/0/step/0.json")).unwrap();
+    let json = String::from_utf8(read_all(&reference, "epoch/0/rank/0/step/0.json")).unwrap();
     assert!(
         json.contains("\"rows\"") && json.contains("\"doc\""),
         "{json}"
@@ -925,7 +864,7 @@ fn faults_in_document_files_never_give_wrong_json() {
     assert!(clean.problems.is_empty(), "{:#?}", clean.problems);
     assert_eq!((clean.ok, clean.failed), (targets.len() as u64, 0));
     m.unmount();
-    assert!(!in_mount_table(&mountpoint));
+    assert!(!is_mounted(&mountpoint));
 }
 
 /// Ends every stall when dropped (also when an assertion fails), so stalled threads finish and
@@ -947,8 +886,8 @@ fn stat_that_reads_document_files_has_a_deadline() {
         return;
     }
     let _serial = lock(&SERIAL);
-    let dir = tempfile::tempdir().unwrap();
-    let ds = documents_dataset(dir.path());
+    let corpus = Corpus::new(400, 1024);
+    let ds = corpus.ds.clone();
     let cfg = config(8, 8, 2, 2, 3, 2);
     let faults = Arc::new(Faults::new(7));
     let m = faulty_mount(&ds, &cfg, &faults, false);
@@ -1007,7 +946,7 @@ fn a_saturated_pool_still_answers_within_the_deadline() {
     let _serial = lock(&SERIAL);
     /// FUSE threads that read shards (threads - 1) plus the pool's cap (fuse.rs).
     const ALL_SHARD_THREADS: u64 = 2 + 64;
-    let data = Positional::new(120_000, 4000);
+    let data = Data::positional(120_000, 4000);
     let cfg = config(33, 32, 4, 2, 9, 2);
     let reference = data.fs(&cfg);
     let faults = Arc::new(Faults::new(9));
@@ -1090,5 +1029,5 @@ fn a_saturated_pool_still_answers_within_the_deadline() {
         targets.len()
     );
     m.unmount();
-    assert!(!in_mount_table(&mountpoint));
+    assert!(!is_mounted(&mountpoint));
 }

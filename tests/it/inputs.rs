@@ -10,7 +10,6 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
 use shufflefs::fs::ShuffleFs;
 use shufflefs::view::View;
 
@@ -43,39 +42,6 @@ fn llama3_tokens(n: u64) -> Vec<u8> {
     (0..n)
         .flat_map(|i| ((i * 7919 % 128256) as u32).to_le_bytes())
         .collect()
-}
-
-/// A `.npy` preamble as numpy/lib/format.py writes it for a C-order array, in format version
-/// 1.0 (u16 header length), 2.0 or 3.0 (u32 length; 3.0 is UTF-8): the dict literal, spaces
-/// reserved for the first axis to grow to 21 digits, padding to 64 bytes and a newline.
-fn npy_preamble(version: u8, descr: &str, shape: &[u64]) -> Vec<u8> {
-    let shape_repr = match shape {
-        [one] => format!("({one},)"),
-        many => format!(
-            "({})",
-            many.iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    };
-    let mut dict = format!("{{'descr': {descr}, 'fortran_order': False, 'shape': {shape_repr}, }}");
-    dict.push_str(&" ".repeat(21 - shape[0].to_string().len()));
-    let len_bytes = if version == 1 { 2 } else { 4 };
-    let hlen = dict.len() + 1;
-    let pad = 64 - (6 + 2 + len_bytes + hlen) % 64;
-    let mut out = b"\x93NUMPY".to_vec();
-    out.extend_from_slice(&[version, 0]);
-    let total = (hlen + pad) as u32;
-    out.extend_from_slice(&total.to_le_bytes()[..len_bytes]);
-    out.extend_from_slice(dict.as_bytes());
-    out.extend(std::iter::repeat_n(b' ', pad));
-    out.push(b'\n');
-    out
-}
-
-fn manifest(ds: &Path) -> Value {
-    serde_json::from_slice(&fs::read(ds.join("manifest.json")).unwrap()).unwrap()
 }
 
 /// Every record the View serves, in stream order: observation `i` of a window of 1 is record
@@ -287,25 +253,25 @@ fn npy_of_every_version_is_served_in_place_from_its_header() {
         (
             "1.0 u16",
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokens_u2_1d.npy"),
-            npy_preamble(1, "'<u2'", &[1000]),
+            npy_header(1, "'<u2'", &[1000]),
             (0..1000u16).flat_map(u16::to_le_bytes).collect(),
         ),
         (
             "2.0 u32",
             fixture("npy_v2_u4.npy"),
-            npy_preamble(2, "'<u4'", &[600]),
+            npy_header(2, "'<u4'", &[600]),
             llama3_tokens(600),
         ),
         (
             "3.0 i64",
             fixture("npy_v3_i8.npy"),
-            npy_preamble(3, "'<i8'", &[300]),
+            npy_header(3, "'<i8'", &[300]),
             (-50..250i64).flat_map(i64::to_le_bytes).collect(),
         ),
         (
             "1.0 structured",
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/structured_tc_1d.npy"),
-            npy_preamble(1, "[('token', '<u4'), ('concept', '<u2')]", &[5]),
+            npy_header(1, "[('token', '<u4'), ('concept', '<u2')]", &[5]),
             structured,
         ),
     ];

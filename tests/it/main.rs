@@ -44,6 +44,7 @@ mod ops;
 mod options;
 mod prefill;
 mod records;
+mod reftests;
 mod resume;
 mod scale;
 mod trust;

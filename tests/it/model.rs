@@ -1,94 +1,19 @@
-//! The filesystem model without FUSE: every file's bytes against an independent reference,
-//! listings, names, errors.
+//! The filesystem model without FUSE, case by case: numpy's header, names, listings and their
+//! bound, `info.json` and the fingerprint, elastic ranks, `S.json` ranges, open and access
+//! flags, the step cache and prefetch counters. (Random datasets, plans and operations against
+//! the reference model: `reftests`.)
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
 use shufflefs::Error;
 use shufflefs::dtype::ScalarType;
-use shufflefs::feistel::Permutation;
-use shufflefs::fs::{DirEntry, DirSink, Kind, Node, ROOT_INO, ShuffleFs};
+use shufflefs::fs::{DirEntry, DirSink, Kind, Node, ShuffleFs};
 use shufflefs::npy;
 use shufflefs::plan::StepKey;
 use shufflefs::view::ViewConfig;
 
 use crate::common::*;
-
-fn read_all(fs: &ShuffleFs, ino: u64) -> Vec<u8> {
-    let len = fs.getattr(ino).unwrap().size;
-    let mut out = Vec::new();
-    fs.read(ino, 0, u32::try_from(len + 10).unwrap(), &mut out)
-        .unwrap();
-    assert_eq!(out.len() as u64, len, "size in getattr is exact");
-    out
-}
-
-fn walk(fs: &ShuffleFs, path: &str) -> shufflefs::Result<u64> {
-    let mut ino = ROOT_INO;
-    for part in path.split('/').filter(|p| !p.is_empty()) {
-        ino = fs.lookup(ino, OsStr::new(part))?.ino;
-    }
-    Ok(ino)
-}
-
-#[test]
-fn every_step_file_is_byte_exact_and_epochs_partition() {
-    // Small shards (1000 bytes = 250 tokens) so many windows cross shard boundaries.
-    let data = Positional::new(5000, 1000);
-    for (window, stride, batch, ranks) in
-        [(17u64, 16u64, 4u64, 2u64), (10, 10, 3, 1), (33, 7, 2, 8)]
-    {
-        let cfg = config(window, stride, batch, ranks, 99, 2);
-        let fs = data.fs(&cfg);
-        let plan = fs.view().plan().clone();
-        let header = npy::header("'<u4'", &[batch, window]).unwrap();
-        for epoch in 0..2 {
-            let perm = Permutation::new(plan.n_observations(), 99, epoch);
-            let mut all = Vec::new();
-            for step in 0..plan.steps_per_epoch() {
-                for rank in 0..ranks {
-                    let path = format!("epoch/{epoch}/rank/{rank}/step/{step}");
-                    let json = read_all(&fs, walk(&fs, &format!("{path}.json")).unwrap());
-                    let obs = json_observations(&json);
-                    let g = batch * ranks;
-                    let formula: Vec<u64> = (0..batch)
-                        .map(|j| perm.apply(step * g + j * ranks + rank))
-                        .collect();
-                    assert_eq!(obs, formula, "{path}: rows follow perm(s*G + j*R + r)");
-                    let npy = read_all(&fs, walk(&fs, &format!("{path}.npy")).unwrap());
-                    assert_eq!(&npy[..header.len()], &header[..], "{path}: header");
-                    assert_eq!(
-                        &npy[header.len()..],
-                        &expected_rows(&obs, &cfg, ScalarType::U32)[..],
-                        "{path}: rows"
-                    );
-                    all.push(obs);
-                }
-            }
-            assert_exact_partition(&all, plan.n_observations(), plan.global_batch());
-        }
-    }
-}
-
-#[test]
-fn any_byte_range_equals_the_whole_file_slice() {
-    let data = Positional::with_dtype(3000, 700, ScalarType::U16);
-    let fs = data.fs(&config(21, 13, 5, 3, 1, 1));
-    let ino = walk(&fs, "epoch/0/rank/2/step/11.npy").unwrap();
-    let whole = read_all(&fs, ino);
-    let len = whole.len() as u64;
-    let mut out = Vec::new();
-    for offset in (0..=len + 3).step_by(1) {
-        for size in [0u32, 1, 2, 3, 41, 64, 127, 128, 129, 4096] {
-            fs.read(ino, offset, size, &mut out).unwrap();
-            let start = offset.min(len) as usize;
-            let end = (offset + u64::from(size)).min(len) as usize;
-            assert_eq!(out, &whole[start..end], "offset {offset} size {size}");
-        }
-    }
-    fs.read(ino, u64::MAX, 100, &mut out).unwrap();
-    assert!(out.is_empty());
-}
 
 #[test]
 fn header_matches_numpy_written_fixtures() {
@@ -124,7 +49,7 @@ fn header_matches_numpy_written_fixtures() {
 
 #[test]
 fn names_have_one_spelling() {
-    let data = Positional::new(2000, 1 << 20);
+    let data = Data::positional(2000, 1 << 20);
     let fs = data.fs(&config(10, 10, 2, 3, 0, 2));
     assert!(walk(&fs, "epoch/1/rank/2/step/32.npy").is_ok());
     assert!(walk(&fs, "info.json").is_ok());
@@ -220,7 +145,7 @@ fn list_paged(fs: &ShuffleFs, ino: u64, page: usize) -> Vec<DirEntry> {
 
 #[test]
 fn listings_are_exact_and_page_with_offsets() {
-    let data = Positional::new(2000, 1 << 20);
+    let data = Data::positional(2000, 1 << 20);
     let fs = data.fs(&config(10, 10, 2, 3, 0, 2));
     let names = |path: &str, page| -> Vec<String> {
         list_paged(&fs, walk(&fs, path).unwrap(), page)
@@ -262,7 +187,7 @@ fn listings_are_exact_and_page_with_offsets() {
 fn listings_are_bounded_and_every_name_beyond_resolves() {
     // 4,000 tokens, window 1, batch 1, 3 ranks: 1,333 steps per rank (2,666 names), 4,000
     // observations (8,000 names in observation/, 4,000 in lookup/epoch/E/observation/).
-    let data = Positional::with_dtype(4000, 1 << 20, ScalarType::U8);
+    let data = Data::positional_of(4000, 1 << 20, ScalarType::U8);
     for bound in [1u64, 2, 3, 1000, 2666, 2667] {
         let fs = data.fs(&ViewConfig {
             max_listing: bound,
@@ -303,7 +228,7 @@ fn listings_are_bounded_and_every_name_beyond_resolves() {
             assert_eq!(a.kind, Kind::File, "{name}");
         }
         assert_eq!(
-            read_all(&fs, walk(&fs, "epoch/3/rank/2/step/1332.npy").unwrap()).len() as u64,
+            read_all(&fs, "epoch/3/rank/2/step/1332.npy").len() as u64,
             fs.view().step_npy_len()
         );
         for path in [
@@ -313,8 +238,7 @@ fn listings_are_bounded_and_every_name_beyond_resolves() {
             assert!(walk(&fs, path).is_ok(), "{path}");
         }
         // info.json names the truncated directories with their true counts.
-        let info: serde_json::Value =
-            serde_json::from_slice(&read_all(&fs, walk(&fs, "info.json").unwrap())).unwrap();
+        let info: serde_json::Value = json_at(&fs, "info.json");
         assert_eq!(info["max_listing"], bound);
         let mut want = Vec::new();
         for (dir, names) in [
@@ -336,7 +260,7 @@ fn listings_are_bounded_and_every_name_beyond_resolves() {
         );
     }
     // The default bound is 10,000 names (observation/ holds 12,000 here).
-    let data = Positional::with_dtype(6000, 1 << 20, ScalarType::U8);
+    let data = Data::positional_of(6000, 1 << 20, ScalarType::U8);
     let fs = data.fs(&config(1, 1, 1, 1, 5, 1));
     assert_eq!(fs.view().info().max_listing, 10_000);
     let dir = walk(&fs, "observation").unwrap();
@@ -347,7 +271,7 @@ fn listings_are_bounded_and_every_name_beyond_resolves() {
 fn huge_step_directory_lists_from_any_offset() {
     // 4M tokens of u8 with window 1 and batch 1: 4,000,000 steps, 8,000,002 entries, all
     // listed with --max-listing 0.
-    let data = Positional::with_dtype(4_000_000, 1 << 30, ScalarType::U8);
+    let data = Data::positional_of(4_000_000, 1 << 30, ScalarType::U8);
     let fs = data.fs(&ViewConfig {
         max_listing: 0,
         ..config(1, 1, 1, 1, 5, 1)
@@ -386,10 +310,9 @@ fn huge_step_directory_lists_from_any_offset() {
 
 #[test]
 fn info_json_describes_the_mount() {
-    let data = Positional::new(10_000, 4096);
+    let data = Data::positional(10_000, 4096);
     let fs = data.fs(&config(65, 64, 8, 4, 7, 3));
-    let info: serde_json::Value =
-        serde_json::from_slice(&read_all(&fs, walk(&fs, "info.json").unwrap())).unwrap();
+    let info: serde_json::Value = json_at(&fs, "info.json");
     let n_obs = (10_000 - 65) / 64 + 1;
     assert_eq!(info["n_tokens"], 10_000);
     assert_eq!(info["n_observations"], n_obs);
@@ -431,7 +354,7 @@ fn info_json_describes_the_mount() {
         assert_ne!(data.fs(&other).view().fingerprint(), fp, "{other:?}");
     }
     // ... and with the dataset content.
-    let other_data = Positional::new(10_001, 4096);
+    let other_data = Data::positional(10_001, 4096);
     assert_ne!(
         other_data
             .fs(&config(65, 64, 8, 4, 7, 3))
@@ -443,7 +366,7 @@ fn info_json_describes_the_mount() {
 
 #[test]
 fn same_global_batches_when_ranks_change_at_fixed_g() {
-    let data = Positional::new(20_000, 1 << 20);
+    let data = Data::positional(20_000, 1 << 20);
     let a = data.view(&config(50, 50, 8, 4, 3, 1));
     let b = data.view(&config(50, 50, 32, 1, 3, 1));
     for step in 0..a.plan().steps_per_epoch() {
@@ -472,7 +395,7 @@ fn same_global_batches_when_ranks_change_at_fixed_g() {
 
 #[test]
 fn too_small_dataset_is_refused_with_a_reason() {
-    let data = Positional::new(100, 1 << 20);
+    let data = Data::positional(100, 1 << 20);
     let err = shufflefs::view::View::open(&data.path(), &config(10, 10, 4, 4, 0, 1)).unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("fewer than one global batch of 16"), "{msg}");
@@ -480,7 +403,7 @@ fn too_small_dataset_is_refused_with_a_reason() {
 
 #[test]
 fn step_json_ranges_match_the_whole_file() {
-    let data = Positional::new(200_000, 1 << 20);
+    let data = Data::positional(200_000, 1 << 20);
     // A large batch: S.json is produced in ranges without building it per request.
     let fs = data.fs(&config(2, 2, 40_000, 2, 9, 1));
     let view = fs.view();
@@ -500,14 +423,13 @@ fn step_json_ranges_match_the_whole_file() {
     assert_eq!(*want.last().unwrap(), b'\n');
     let ino = walk(&fs, "epoch/0/rank/1/step/0.json").unwrap();
     assert_eq!(fs.getattr(ino).unwrap().size, want.len() as u64);
-    let mut out = Vec::new();
     for (offset, size) in [
         (0u64, 7u32),
         (5, 131_072),
         (want.len() as u64 - 3, 100),
         (want.len() as u64, 5),
     ] {
-        fs.read(ino, offset, size, &mut out).unwrap();
+        let out = read_at(&fs, ino, offset, size).unwrap();
         let start = (offset as usize).min(want.len());
         let end = (offset as usize + size as usize).min(want.len());
         assert_eq!(out, &want[start..end], "offset {offset} size {size}");
@@ -519,8 +441,8 @@ fn regression_fingerprint_is_pinned() {
     // Same tokens, same plan -> same fingerprint, on any machine and from any pack run (shard
     // file names do not count). If this changes, every user's checkpoint guard trips: only
     // change it together with a format or algorithm version bump.
-    let a = Positional::new(10_000, 4096);
-    let b = Positional::new(10_000, 4096);
+    let a = Data::positional(10_000, 4096);
+    let b = Data::positional(10_000, 4096);
     let fa = a
         .view(&config(65, 64, 8, 4, 7, 3))
         .fingerprint()
@@ -534,7 +456,7 @@ fn regression_fingerprint_is_pinned() {
 
 #[test]
 fn access_and_open_flags() {
-    let data = Positional::new(2000, 1 << 20);
+    let data = Data::positional(2000, 1 << 20);
     let fs = data.fs(&config(10, 10, 2, 1, 0, 1));
     let file = walk(&fs, "epoch/0/rank/0/step/0.npy").unwrap();
     let dir = walk(&fs, "epoch/0/rank/0/step").unwrap();
@@ -562,7 +484,7 @@ fn access_and_open_flags() {
 #[test]
 fn cache_and_prefetch_step_by_step_with_identical_bytes() {
     use shufflefs::prefetch::PrefetchConfig;
-    let data = Positional::new(20_000, 4096);
+    let data = Data::positional(20_000, 4096);
     let cfg = config(65, 64, 4, 2, 3, 2);
     let plain = data.fs(&cfg);
     let step_len = plain.view().step_npy_len();
@@ -576,12 +498,7 @@ fn cache_and_prefetch_step_by_step_with_identical_bytes() {
         },
     );
     let stats = |fs: &ShuffleFs| fs.cache().unwrap().stats();
-    let read = |fs: &ShuffleFs, step: u64| {
-        read_all(
-            fs,
-            walk(fs, &format!("epoch/0/rank/1/step/{step}.npy")).unwrap(),
-        )
-    };
+    let read = |fs: &ShuffleFs, step: u64| read_all(fs, &format!("epoch/0/rank/1/step/{step}.npy"));
     assert_eq!(read(&cached, 0), read(&plain, 0));
     let s = stats(&cached);
     assert_eq!(
@@ -601,8 +518,7 @@ fn cache_and_prefetch_step_by_step_with_identical_bytes() {
     let s = stats(&cached);
     assert_eq!((s.prefetched, s.entries, s.capacity), (6, 6, 6));
     // stats.json shows the same counters.
-    let j: serde_json::Value =
-        serde_json::from_slice(&read_all(&cached, walk(&cached, "stats.json").unwrap())).unwrap();
+    let j: serde_json::Value = json_at(&cached, "stats.json");
     assert_eq!(j["cache"]["prefetched"], 6);
     assert_eq!(j["cache"]["hits"], 3);
     // Reading everything, every rank and epoch, in a scrambled order: identical bytes.
@@ -613,19 +529,14 @@ fn cache_and_prefetch_step_by_step_with_identical_bytes() {
     order.sort_by_key(|&(e, r, s)| shufflefs::feistel::mix(e * 1_000_003 + r * 1009 + s));
     for (e, r, s) in order {
         let path = format!("epoch/{e}/rank/{r}/step/{s}.npy");
-        assert_eq!(
-            read_all(&cached, walk(&cached, &path).unwrap()),
-            read_all(&plain, walk(&plain, &path).unwrap()),
-            "{path}"
-        );
+        assert_eq!(read_all(&cached, &path), read_all(&plain, &path), "{path}");
         cached.prefetcher().unwrap().run_queued();
     }
     let s = stats(&cached);
     assert!(s.evicted > 0 && s.entries == 6);
     // Odd offsets come from the cached file.
     let ino = walk(&cached, "epoch/1/rank/0/step/5.npy").unwrap();
-    let whole = read_all(&plain, walk(&plain, "epoch/1/rank/0/step/5.npy").unwrap());
-    let mut out = Vec::new();
+    let whole = read_all(&plain, "epoch/1/rank/0/step/5.npy");
     for (offset, size) in [
         (0u64, 1u32),
         (127, 3),
@@ -633,7 +544,7 @@ fn cache_and_prefetch_step_by_step_with_identical_bytes() {
         (whole.len() as u64 - 1, 10),
         (whole.len() as u64, 4),
     ] {
-        cached.read(ino, offset, size, &mut out).unwrap();
+        let out = read_at(&cached, ino, offset, size).unwrap();
         let start = (offset as usize).min(whole.len());
         let end = (offset as usize + size as usize).min(whole.len());
         assert_eq!(out, &whole[start..end]);

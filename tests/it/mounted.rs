@@ -11,17 +11,12 @@ use shufflefs::npy;
 
 use crate::common::*;
 
-fn errno(e: std::io::Error) -> i32 {
-    e.raw_os_error()
-        .unwrap_or_else(|| panic!("no errno in {e:?}"))
-}
-
 #[test]
 fn step_files_are_byte_exact_and_partition_each_epoch() {
     if !fuse_available() {
         return;
     }
-    let data = Positional::new(6000, 1000);
+    let data = Data::positional(6000, 1000);
     let cfg = config(17, 16, 4, 2, 42, 2);
     let reference = data.fs(&cfg);
     let m = TestMount::new(data.fs(&cfg));
@@ -58,7 +53,7 @@ fn odd_offsets_sizes_and_past_eof() {
     if !fuse_available() {
         return;
     }
-    let data = Positional::with_dtype(50_000, 3001 * 2, ScalarType::U16);
+    let data = Data::positional_of(50_000, 3001 * 2, ScalarType::U16);
     let cfg = config(2049, 2048, 8, 1, 1, 1);
     let reference = data.fs(&cfg);
     let m = TestMount::new(data.fs(&cfg));
@@ -66,7 +61,7 @@ fn odd_offsets_sizes_and_past_eof() {
     let whole = fs::read(&path).unwrap();
     let len = whole.len() as u64;
     assert_eq!(len, reference.view().step_npy_len());
-    let f = File::open(&path).unwrap();
+    let file = File::open(&path).unwrap();
     for offset in [
         0u64,
         1,
@@ -85,7 +80,7 @@ fn odd_offsets_sizes_and_past_eof() {
     ] {
         for size in [1usize, 2, 3, 70_000, 131_072, 200_000] {
             let mut buf = vec![0xAAu8; size];
-            let n = f.read_at(&mut buf, offset).unwrap();
+            let n = file.read_at(&mut buf, offset).unwrap();
             let start = offset.min(len) as usize;
             let end = (offset + size as u64).min(len) as usize;
             assert_eq!(n, end - start, "offset {offset} size {size}");
@@ -111,7 +106,8 @@ fn odd_offsets_sizes_and_past_eof() {
     // mmap (numpy's mmap_mode='r') sees the same bytes.
     let map = unsafe_map(&File::open(&path).unwrap());
     assert_eq!(&map[..], &whole[..]);
-    drop(map);
+    // Closed before the unmount, which would otherwise detach a busy mount and wait for it.
+    drop((map, file, f));
     m.unmount();
 }
 
@@ -125,7 +121,7 @@ fn listings_names_and_read_only() {
     if !fuse_available() {
         return;
     }
-    let data = Positional::new(30_000, 1 << 20);
+    let data = Data::positional(30_000, 1 << 20);
     // 5,000 steps: the step directory takes many READDIR round trips with offsets.
     let m = TestMount::new(data.fs(&config(3, 3, 2, 1, 0, 2)));
     let root = m.path();
@@ -177,7 +173,7 @@ fn listings_names_and_read_only() {
         ".npy",
     ] {
         let e = fs::metadata(step_dir.join(bad)).unwrap_err();
-        assert_eq!(errno(e), libc::ENOENT, "{bad}");
+        assert_eq!(errno(&e), libc::ENOENT, "{bad}");
     }
     for bad in [
         "epoch/2",
@@ -188,46 +184,46 @@ fn listings_names_and_read_only() {
         "epoch/0/rank/0/step/1.npy/x",
     ] {
         let e = fs::metadata(root.join(bad)).unwrap_err();
-        assert!([libc::ENOENT, libc::ENOTDIR].contains(&errno(e)), "{bad}");
+        assert!([libc::ENOENT, libc::ENOTDIR].contains(&errno(&e)), "{bad}");
     }
     let long = "5".repeat(250) + ".npy";
     assert_eq!(
-        errno(fs::metadata(step_dir.join(long)).unwrap_err()),
+        errno(&fs::metadata(step_dir.join(long)).unwrap_err()),
         libc::ENOENT
     );
     // Every modification is EROFS.
     let file = step_dir.join("3.npy");
     assert_eq!(
-        errno(File::create(step_dir.join("new.npy")).unwrap_err()),
+        errno(&File::create(step_dir.join("new.npy")).unwrap_err()),
         libc::EROFS
     );
     assert_eq!(
-        errno(OpenOptions::new().write(true).open(&file).unwrap_err()),
+        errno(&OpenOptions::new().write(true).open(&file).unwrap_err()),
         libc::EROFS
     );
     assert_eq!(
-        errno(OpenOptions::new().append(true).open(&file).unwrap_err()),
+        errno(&OpenOptions::new().append(true).open(&file).unwrap_err()),
         libc::EROFS
     );
-    assert_eq!(errno(fs::remove_file(&file).unwrap_err()), libc::EROFS);
+    assert_eq!(errno(&fs::remove_file(&file).unwrap_err()), libc::EROFS);
     assert_eq!(
-        errno(fs::rename(&file, step_dir.join("4.npy")).unwrap_err()),
-        libc::EROFS
-    );
-    assert_eq!(
-        errno(fs::create_dir(root.join("x")).unwrap_err()),
+        errno(&fs::rename(&file, step_dir.join("4.npy")).unwrap_err()),
         libc::EROFS
     );
     assert_eq!(
-        errno(fs::remove_dir(root.join("epoch")).unwrap_err()),
+        errno(&fs::create_dir(root.join("x")).unwrap_err()),
         libc::EROFS
     );
     assert_eq!(
-        errno(fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).unwrap_err()),
+        errno(&fs::remove_dir(root.join("epoch")).unwrap_err()),
         libc::EROFS
     );
     assert_eq!(
-        errno(std::os::unix::fs::symlink("a", root.join("l")).unwrap_err()),
+        errno(&fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).unwrap_err()),
+        libc::EROFS
+    );
+    assert_eq!(
+        errno(&std::os::unix::fs::symlink("a", root.join("l")).unwrap_err()),
         libc::EROFS
     );
     let e = File::open(&file).unwrap().set_len(0).unwrap_err();
@@ -247,7 +243,7 @@ fn remount_serves_identical_bytes_and_inodes() {
     if !fuse_available() {
         return;
     }
-    let data = Positional::new(8000, 3000);
+    let data = Data::positional(8000, 3000);
     let cfg = config(33, 32, 3, 2, 77, 2);
     let snapshot = |m: &TestMount| -> BTreeMap<String, (u64, Vec<u8>)> {
         let mut out = BTreeMap::new();
@@ -284,7 +280,7 @@ fn concurrent_readers_see_the_same_bytes() {
     if !fuse_available() {
         return;
     }
-    let data = Positional::new(100_000, 1 << 16);
+    let data = Data::positional(100_000, 1 << 16);
     let cfg = config(129, 128, 16, 1, 3, 1);
     let reference = data.fs(&cfg);
     let m = TestMount::new(data.fs(&cfg));
@@ -317,7 +313,7 @@ fn dropping_the_guard_unmounts() {
     if !fuse_available() {
         return;
     }
-    let data = Positional::new(1000, 1 << 20);
+    let data = Data::positional(1000, 1 << 20);
     let m = TestMount::new(data.fs(&config(10, 10, 2, 1, 0, 1)));
     let path = m.path().to_path_buf();
     assert!(is_mounted(&path));
@@ -334,7 +330,7 @@ fn prefetching_mount_serves_identical_bytes() {
         return;
     }
     use shufflefs::prefetch::PrefetchConfig;
-    let data = Positional::new(60_000, 1 << 14);
+    let data = Data::positional(60_000, 1 << 14);
     let cfg = config(129, 128, 8, 2, 11, 2);
     let reference = data.fs(&cfg);
     let step_len = reference.view().step_npy_len();
@@ -362,8 +358,7 @@ fn prefetching_mount_serves_identical_bytes() {
             }
         }
     }
-    let stats: serde_json::Value =
-        serde_json::from_slice(&fs::read(m.path().join("stats.json")).unwrap()).unwrap();
+    let stats: serde_json::Value = stats(m.path());
     let c = &stats["cache"];
     assert_eq!(stats["cache_enabled"], true);
     // Every READ with data was a hit or a miss (one per file: files < 1 MiB; the reader's

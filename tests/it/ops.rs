@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use shufflefs::dtype::ScalarType;
-use tempfile::TempDir;
 
 use crate::common::*;
 
@@ -43,31 +42,6 @@ fn sh_quote(word: &str) -> String {
         word.to_string()
     } else {
         format!("'{}'", word.replace('\'', "'\\''"))
-    }
-}
-
-/// A mount point in a temp dir that `shufflefs unmount` always clears on drop (lazily if
-/// it is busy), whatever the test did.
-struct MountGuard(TempDir);
-
-impl MountGuard {
-    fn new() -> MountGuard {
-        MountGuard(tempfile::tempdir().unwrap())
-    }
-    fn path(&self) -> &Path {
-        self.0.path()
-    }
-    fn step(&self, epoch: u64, rank: u64, step: u64, ext: &str) -> PathBuf {
-        self.path()
-            .join(format!("epoch/{epoch}/rank/{rank}/step/{step}.{ext}"))
-    }
-}
-
-impl Drop for MountGuard {
-    fn drop(&mut self) {
-        if is_mounted(self.path()) && !shufflefs(&["unmount", s(self.path())]).status.success() {
-            let _ = shufflefs(&["unmount", "--lazy", s(self.path())]);
-        }
     }
 }
 
@@ -187,8 +161,8 @@ fn helper_refuses_what_mount_cannot_do() {
 
 #[test]
 fn helper_passes_on_shufflefs_errors_and_exit_codes() {
-    let data = Positional::new(5000, 4096);
-    let mnt = MountGuard::new();
+    let data = Data::positional(5000, 4096);
+    let mnt = MountDir::new();
     let ds = data.path();
     let run = |opts: &str| helper(&[s(&ds), s(mnt.path()), "-o", opts]);
     // An unknown option: shufflefs's usage error and its exit code 2.
@@ -267,10 +241,10 @@ fn helper_mounts_the_same_tree_as_shufflefs_mount() {
     if !fuse_available() {
         return;
     }
-    let data = Positional::new(5000, 4096);
+    let data = Data::positional(5000, 4096);
     let ds = data.path();
-    let by_helper = MountGuard::new();
-    let by_cli = MountGuard::new();
+    let by_helper = MountDir::new();
+    let by_cli = MountDir::new();
     let o = helper(&[
         s(&ds),
         s(by_helper.path()),
@@ -311,8 +285,8 @@ fn helper_mounts_the_same_tree_as_shufflefs_mount() {
     let source = format!("shufflefs:{}", ds.canonicalize().unwrap().display());
     assert!(line.contains(&source), "{line}");
 
-    let info = |m: &MountGuard| -> serde_json::Value {
-        serde_json::from_slice(&fs::read(m.path().join("info.json")).unwrap()).unwrap()
+    let info = |m: &MountDir| -> serde_json::Value {
+        json(&fs::read(m.path().join("info.json")).unwrap())
     };
     let (a, b) = (info(&by_helper), info(&by_cli));
     assert_eq!(a["fingerprint"], b["fingerprint"]);
@@ -320,12 +294,12 @@ fn helper_mounts_the_same_tree_as_shufflefs_mount() {
     let header = a["npy_header_bytes"].as_u64().unwrap() as usize;
     let cfg = config(10, 7, 2, 2, 5, 2);
     for (epoch, rank, step) in [(0, 0, 0), (1, 1, 3), (1, 0, 177)] {
-        let npy = fs::read(by_helper.step(epoch, rank, step, "npy")).unwrap();
+        let npy = fs::read(step_path(by_helper.path(), epoch, rank, step, "npy")).unwrap();
         assert_eq!(
             npy,
-            fs::read(by_cli.step(epoch, rank, step, "npy")).unwrap()
+            fs::read(step_path(by_cli.path(), epoch, rank, step, "npy")).unwrap()
         );
-        let json = fs::read(by_helper.step(epoch, rank, step, "json")).unwrap();
+        let json = fs::read(step_path(by_helper.path(), epoch, rank, step, "json")).unwrap();
         let (e, r, st) = (epoch.to_string(), rank.to_string(), step.to_string());
         let mut args = vec!["plan", s(&ds)];
         args.extend_from_slice(&plan);

@@ -12,17 +12,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn alive(pid: i32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| !st.contains(") Z "))
-}
-
 /// A small positional dataset and the plan flags every test mounts it with.
 struct Setup {
-    data: Positional,
+    data: Data,
     mnt: MountDir,
 }
 
@@ -31,7 +23,7 @@ const PLAN: [&str; 6] = ["--window", "10", "--batch-size", "2", "--ranks", "2"];
 impl Setup {
     fn new() -> Setup {
         Setup {
-            data: Positional::new(5000, 4096),
+            data: Data::positional(5000, 4096),
             mnt: MountDir::new(),
         }
     }
@@ -71,13 +63,11 @@ impl Setup {
     }
 
     fn unmount(&self, pid: i32) {
-        let u = shufflefs(&["unmount", s(self.mnt.path())]);
-        assert!(u.status.success(), "{}", stderr(&u));
-        assert!(wait_gone(pid), "daemon {pid} exits after unmount");
+        unmount_and_wait(self.mnt.path(), pid);
     }
 
     fn info(&self) -> serde_json::Value {
-        serde_json::from_slice(&fs::read(self.mnt.path().join("info.json")).unwrap()).unwrap()
+        json(&fs::read(self.mnt.path().join("info.json")).unwrap())
     }
 
     /// The fingerprint `shufflefs plan` prints for this dataset and plan (with `extra` flags).
@@ -133,9 +123,7 @@ fn expect_fingerprint_guards_the_resumed_order() {
     let mut args = vec!["mount", s(&ds), s(t.mnt.path())];
     args.extend(PLAN);
     args.extend(["--seed", "7", "--expect-fingerprint", &other, "-f"]);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shufflefs"))
-        .args(&args)
-        .stdin(Stdio::null())
+    let mut child = command(&args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -429,15 +417,13 @@ fn prefetch_workers_zero_needs_prefetch_off() {
         stderr(&o)
     );
     let pid = t.mount_ok(&["--prefetch-workers", "0", "--prefetch-depth", "0"]);
-    let stats: serde_json::Value =
-        serde_json::from_slice(&fs::read(t.mnt.path().join("stats.json")).unwrap()).unwrap();
-    assert_eq!(stats["cache_enabled"], true, "{stats}");
+    let before = stats(t.mnt.path());
+    assert_eq!(before["cache_enabled"], true, "{before}");
     for step in 0..5 {
         assert!(fs::read(t.mnt.path().join(format!("epoch/0/rank/0/step/{step}.npy"))).is_ok());
     }
-    let stats: serde_json::Value =
-        serde_json::from_slice(&fs::read(t.mnt.path().join("stats.json")).unwrap()).unwrap();
-    assert_eq!(stats["cache"]["prefetched"], 0, "{stats}");
+    let after = stats(t.mnt.path());
+    assert_eq!(after["cache"]["prefetched"], 0, "{after}");
     t.unmount(pid);
     assert_eq!(mount_entries(t.mnt.path()), 0);
 }

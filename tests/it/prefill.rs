@@ -17,10 +17,6 @@ use shufflefs::prefetch::PrefetchConfig;
 
 use crate::common::*;
 
-fn stats(mnt: &Path) -> serde_json::Value {
-    serde_json::from_slice(&fs::read(mnt.join("stats.json")).unwrap()).unwrap()
-}
-
 fn prefill_counter(mnt: &Path, name: &str) -> u64 {
     stats(mnt)["prefill"][name].as_u64().unwrap()
 }
@@ -43,7 +39,7 @@ fn prefilled_steps_are_served_by_the_kernel_with_identical_bytes() {
     if !fuse_available() {
         return;
     }
-    let data = Positional::new(400_000, 1 << 16);
+    let data = Data::positional(400_000, 1 << 16);
     let cfg = config(257, 256, 8, 2, 5, 2);
     let reference = data.fs(&cfg);
     let steps = reference.view().plan().steps_per_epoch();
@@ -205,7 +201,7 @@ fn stats_json_is_valid_json_and_cat_shows_no_padding() {
     if !fuse_available() {
         return;
     }
-    let data = Positional::new(100_000, 1 << 16);
+    let data = Data::positional(100_000, 1 << 16);
     let cfg = config(257, 256, 8, 2, 5, 1);
     let step_len = data.fs(&cfg).view().step_npy_len();
     let pretty = |v: &serde_json::Value| {

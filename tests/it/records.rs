@@ -1,44 +1,18 @@
 //! Multi-field records, documents and metadata: structured .npy inputs, JSON Lines with
 //! document and span metadata, documents mode, --doc-sep, provenance and reverse lookup.
 
-use std::ffi::OsStr;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::{Value, json};
 use shufflefs::dtype::ScalarType;
-use shufflefs::fs::{ROOT_INO, ShuffleFs};
+use shufflefs::fs::ShuffleFs;
 use shufflefs::npy;
 use shufflefs::pack::{PackOptions, pack};
 use shufflefs::plan::StepKey;
 use shufflefs::view::{Mode, View, ViewConfig};
 
 use crate::common::*;
-
-fn walk(fs: &ShuffleFs, path: &str) -> u64 {
-    let mut ino = ROOT_INO;
-    for part in path.split('/').filter(|p| !p.is_empty()) {
-        ino = fs
-            .lookup(ino, OsStr::new(part))
-            .unwrap_or_else(|e| panic!("{path}: {e}"))
-            .ino;
-    }
-    ino
-}
-
-fn read_all(fs: &ShuffleFs, path: &str) -> Vec<u8> {
-    let ino = walk(fs, path);
-    let len = fs.getattr(ino).unwrap().size;
-    let mut out = Vec::new();
-    fs.read(ino, 0, u32::try_from(len + 1).unwrap(), &mut out)
-        .unwrap();
-    assert_eq!(out.len() as u64, len, "{path}: stat size is exact");
-    out
-}
-
-fn json_of(fs: &ShuffleFs, path: &str) -> Value {
-    serde_json::from_slice(&read_all(fs, path)).unwrap()
-}
 
 fn options(dtype: Option<ScalarType>, shard_size: u64) -> PackOptions {
     PackOptions {
@@ -82,7 +56,7 @@ fn structured_npy_round_trip_is_byte_exact() {
     pack(&ds, &[input], &options(None, 6 * 1000)).unwrap();
     let cfg = ViewConfig::stream(9, 8, 4, 2, 3, 1);
     let fs = ShuffleFs::new(View::open(&ds, &cfg).unwrap()).unwrap();
-    let info = json_of(&fs, "info.json");
+    let info = json_at(&fs, "info.json");
     assert_eq!(info["dtype"], descr);
     assert_eq!(
         info["fields"],
@@ -110,69 +84,8 @@ fn structured_npy_round_trip_is_byte_exact() {
     assert_eq!(&obs[h.len()..], &stream[3 * 8 * 6..(3 * 8 + 9) * 6]);
 }
 
-/// A JSON Lines corpus whose tokens are their stream positions, and the owner of each
-/// token computed directly from the definition: (document, metadata as JSON value).
-struct Corpus {
-    _dir: tempfile::TempDir,
-    ds: PathBuf,
-    owners: Vec<(u64, Value)>,
-    docs: Vec<(u64, u64, Value)>,
-}
-
 fn corpus(n_docs: u64, shard_bytes: u64) -> Corpus {
-    corpus_with(n_docs, shard_bytes, None)
-}
-
-fn corpus_with(n_docs: u64, shard_bytes: u64, max_entries: Option<u64>) -> Corpus {
-    let dir = tempfile::tempdir().unwrap();
-    let mut lines = String::new();
-    let mut owners = Vec::new();
-    let mut docs = Vec::new();
-    let mut pos = 0u64;
-    for k in 0..n_docs {
-        let len = 1 + (k * 7) % 13;
-        let tokens: Vec<u64> = (pos..pos + len).collect();
-        let mut doc = json!({ "tokens": tokens });
-        let doc_meta = if k % 3 == 0 {
-            Value::Null
-        } else {
-            json!({"doc": k, "src": "web"})
-        };
-        if !doc_meta.is_null() {
-            doc["meta"] = doc_meta.clone();
-        }
-        let mut owner: Vec<Value> = vec![doc_meta.clone(); len as usize];
-        if k % 2 == 1 && len >= 3 {
-            // Two spans: [0, 1) and [2, len), the token at 1 keeps the document's metadata.
-            doc["spans"] = json!([
-                {"start": 0, "end": 1, "meta": {"concept": k * 10}},
-                {"start": 2, "end": len, "meta": [k, "x"]},
-            ]);
-            owner[0] = json!({"concept": k * 10});
-            for o in owner.iter_mut().skip(2) {
-                *o = json!([k, "x"]);
-            }
-        }
-        docs.push((pos, len, doc_meta));
-        owners.extend(owner.into_iter().map(|m| (k, m)));
-        lines.push_str(&doc.to_string());
-        lines.push('\n');
-        pos += len;
-    }
-    let input = dir.path().join("docs.jsonl");
-    fs::write(&input, lines).unwrap();
-    let ds = dir.path().join("ds");
-    let opts = PackOptions {
-        max_entries_per_shard: max_entries,
-        ..options(Some(ScalarType::U32), shard_bytes)
-    };
-    pack(&ds, &[input], &opts).unwrap();
-    Corpus {
-        _dir: dir,
-        ds,
-        owners,
-        docs,
-    }
+    Corpus::new(n_docs, shard_bytes)
 }
 
 /// Checks that `spans` tile `[0, len)` and that every token of a span is owned by the span's
@@ -201,7 +114,7 @@ fn stream_rows_carry_span_metadata_that_tiles_each_window() {
     let n_tokens = c.owners.len() as u64;
     let cfg = ViewConfig::stream(17, 16, 4, 2, 1, 2);
     let fs = ShuffleFs::new(View::open(&c.ds, &cfg).unwrap()).unwrap();
-    let info = json_of(&fs, "info.json");
+    let info = json_at(&fs, "info.json");
     assert_eq!(info["n_documents"], 300);
     assert_eq!(info["metadata"], true);
     assert_eq!(info["n_tokens"], n_tokens);
@@ -209,7 +122,7 @@ fn stream_rows_carry_span_metadata_that_tiles_each_window() {
         for step in 0..fs.view().plan().steps_per_epoch() {
             for rank in 0..2 {
                 let path = format!("epoch/{epoch}/rank/{rank}/step/{step}");
-                let j = json_of(&fs, &format!("{path}.json"));
+                let j = json_at(&fs, &format!("{path}.json"));
                 let rows = j["rows"].as_array().unwrap();
                 assert_eq!(rows.len(), 4);
                 for (r, row) in rows.iter().enumerate() {
@@ -227,7 +140,7 @@ fn stream_rows_carry_span_metadata_that_tiles_each_window() {
         }
     }
     // observation/I.json carries the same spans, unshuffled.
-    let o = json_of(&fs, "observation/5.json");
+    let o = json_at(&fs, "observation/5.json");
     assert_eq!(o["token_start"], 80);
     check_spans(&o["spans"], 80, 17, &c.owners, "observation 5");
 }
@@ -245,7 +158,7 @@ fn documents_mode_rows_lengths_padding_and_partition() {
         for step in 0..plan.steps_per_epoch() {
             for rank in 0..3 {
                 let path = format!("epoch/{epoch}/rank/{rank}/step/{step}");
-                let j = json_of(&fs, &format!("{path}.json"));
+                let j = json_at(&fs, &format!("{path}.json"));
                 let docs: Vec<u64> = j["observations"]
                     .as_array()
                     .unwrap()
@@ -298,12 +211,11 @@ fn documents_mode_rows_lengths_padding_and_partition() {
         assert_exact_partition(&all, 203, 12);
     }
     // Any byte range of a padded step file equals the slice of the whole file.
-    let ino = walk(&fs, "epoch/1/rank/2/step/3.npy");
+    let ino = walk(&fs, "epoch/1/rank/2/step/3.npy").unwrap();
     let whole = read_all(&fs, "epoch/1/rank/2/step/3.npy");
-    let mut out = Vec::new();
     for offset in 0..=whole.len() as u64 + 2 {
         for size in [1u32, 3, 5, 24, 97] {
-            fs.read(ino, offset, size, &mut out).unwrap();
+            let out = read_at(&fs, ino, offset, size).unwrap();
             let start = (offset as usize).min(whole.len());
             let end = (offset as usize + size as usize).min(whole.len());
             assert_eq!(out, &whole[start..end], "offset {offset} size {size}");
@@ -329,7 +241,7 @@ fn documents_mode_rows_lengths_padding_and_partition() {
         )
         .is_err()
     );
-    let plain = Positional::new(1000, 4096);
+    let plain = Data::positional(1000, 4096);
     let err = View::open(&plain.path(), &docs_config(6, 4, 3, None)).unwrap_err();
     assert!(
         err.to_string().contains("needs a dataset with documents"),
@@ -358,7 +270,7 @@ fn doc_sep_splits_raw_tokens_into_documents() {
     assert!(!m.metadata);
     let fs = ShuffleFs::new(View::open(&ds, &docs_config(12, 2, 1, None)).unwrap()).unwrap();
     for d in [0u64, 1, 37, 99, 100] {
-        let o = json_of(&fs, &format!("observation/{d}.json"));
+        let o = json_at(&fs, &format!("observation/{d}.json"));
         assert_eq!(o["token_start"], d * 10);
         let len = if d == 100 { 5 } else { 10 };
         assert_eq!(o["token_end"], d * 10 + len);
@@ -407,7 +319,7 @@ fn lookup_agrees_with_step_files_for_every_observation() {
                 }
             }
             for o in 0..plan.n_observations() {
-                let j = json_of(&fs, &format!("lookup/epoch/{epoch}/observation/{o}.json"));
+                let j = json_at(&fs, &format!("lookup/epoch/{epoch}/observation/{o}.json"));
                 match placed.get(&o) {
                     Some(&(step, rank, row)) => {
                         assert_eq!(
@@ -660,7 +572,7 @@ fn step_json_size_is_exact_without_rendering() {
         let fs = ShuffleFs::new(View::open(&c.ds, &cfg).unwrap()).unwrap();
         for step in [0, plan.steps_per_epoch() - 1] {
             let path = format!("epoch/0/rank/0/step/{step}.json");
-            let size = fs.getattr(walk(&fs, &path)).unwrap().size;
+            let size = fs.getattr(walk(&fs, &path).unwrap()).unwrap().size;
             assert_eq!(size, read_all(&fs, &path).len() as u64, "{cfg:?} {path}");
         }
     }
@@ -719,8 +631,8 @@ fn a_damaged_document_file_fails_the_read_not_the_size() {
 fn pack_starts_a_new_shard_before_entry_ids_overflow() {
     // At most 5 entries per shard (2^32 in real use): shards end early, documents and spans
     // continue in the next shard with their entries written again.
-    let c = corpus_with(60, 1 << 20, Some(5));
-    let m: Value = serde_json::from_slice(&fs::read(c.ds.join("manifest.json")).unwrap()).unwrap();
+    let c = Corpus::with_entries(60, 1 << 20, Some(5));
+    let m: Value = manifest(&c.ds);
     let shards = m["shards"].as_array().unwrap();
     assert!(shards.len() > 10, "{} shards", shards.len());
     for s in shards {
@@ -729,7 +641,7 @@ fn pack_starts_a_new_shard_before_entry_ids_overflow() {
     let fs =
         ShuffleFs::new(View::open(&c.ds, &ViewConfig::stream(7, 5, 2, 1, 3, 1)).unwrap()).unwrap();
     for step in 0..fs.view().plan().steps_per_epoch() {
-        let j = json_of(&fs, &format!("epoch/0/rank/0/step/{step}.json"));
+        let j = json_at(&fs, &format!("epoch/0/rank/0/step/{step}.json"));
         for r in 0..2 {
             let first = j["token_starts"][r].as_u64().unwrap();
             check_spans(
@@ -743,7 +655,7 @@ fn pack_starts_a_new_shard_before_entry_ids_overflow() {
     }
     let docs = ShuffleFs::new(View::open(&c.ds, &docs_config(4, 2, 1, None)).unwrap()).unwrap();
     for d in 0..60u64 {
-        let o = json_of(&docs, &format!("observation/{d}.json"));
+        let o = json_at(&docs, &format!("observation/{d}.json"));
         let (start, len, meta) = &c.docs[d as usize];
         assert_eq!(
             (o["token_start"].as_u64(), o["token_end"].as_u64()),

@@ -148,8 +148,7 @@ fn fingerprint_changes_exactly_with_the_data_and_the_global_plan() {
 /// Reads step `step` of every rank in `epoch` through a mount and returns the global step's
 /// rows in position order (row `j` of rank `r` is position `j * ranks + r`).
 fn global_step(mnt: &Path, ranks: u64, epoch: u64, step: u64) -> Vec<Vec<u8>> {
-    let info: serde_json::Value =
-        serde_json::from_slice(&fs::read(mnt.join("info.json")).unwrap()).unwrap();
+    let info: serde_json::Value = json(&fs::read(mnt.join("info.json")).unwrap());
     let header = info["npy_header_bytes"].as_u64().unwrap() as usize;
     let row = (info["window"].as_u64().unwrap() * info["itemsize"].as_u64().unwrap()) as usize;
     let batch = info["batch_size"].as_u64().unwrap() as usize;
@@ -179,10 +178,6 @@ fn elastic_resume_and_more_epochs_pass_expect_fingerprint() {
         all.extend(args.iter().map(String::as_str));
         all.extend(["--expect-fingerprint", expect]);
         shufflefs(&all)
-    };
-    let unmount = |mnt: &MountDir| {
-        let o = shufflefs(&["unmount", s(mnt.path())]);
-        assert!(o.status.success(), "{}", stderr(&o));
     };
     // The checkpointed run: 2 ranks x 4 rows, 2 epochs.
     let a = MountDir::new();
@@ -218,8 +213,8 @@ fn elastic_resume_and_more_epochs_pass_expect_fingerprint() {
                 .unwrap();
         assert_eq!(j["fingerprint"], fp.as_str());
     }
-    unmount(&b);
-    unmount(&c);
+    unmount(b.path());
+    unmount(c.path());
     // Anything that changes a global step is refused before mounting.
     for other in [
         plan_with(&[("--seed", "4")]),
@@ -242,12 +237,12 @@ fn elastic_resume_and_more_epochs_pass_expect_fingerprint() {
     let o = shufflefs(&all);
     assert_eq!(o.status.code(), Some(1), "other content must be refused");
     assert!(stderr(&o).contains("does not match"), "{}", stderr(&o));
-    unmount(&a);
+    unmount(a.path());
 }
 
 #[test]
 fn plan_accepts_a_pasted_mount_command_line() {
-    let data = Positional::new(5000, 4096);
+    let data = Data::positional(5000, 4096);
     let ds = data.path();
     let tmp = tempfile::tempdir().unwrap();
     let log = tmp.path().join("daemon.log");
@@ -341,8 +336,7 @@ fn plan_accepts_a_pasted_mount_command_line() {
         let o = shufflefs(&m);
         assert!(o.status.success(), "{}", stderr(&o));
         let served = fs::read(mnt.path().join("info.json")).unwrap();
-        let u = shufflefs(&["unmount", s(mnt.path())]);
-        assert!(u.status.success(), "{}", stderr(&u));
+        unmount(mnt.path());
         assert_eq!(served, plain.stdout);
     }
 }

@@ -20,7 +20,7 @@ fn in_place_options() -> PackOptions {
 
 #[test]
 fn in_place_dataset_serves_the_same_bytes_as_a_packed_one() {
-    let packed = Positional::new(30_000, 8192);
+    let packed = Data::positional(30_000, 8192);
     let dir = tempfile::tempdir().unwrap();
     // The same stream as two raw files referenced in place.
     let a = dir.path().join("a.bin");

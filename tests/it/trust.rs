@@ -16,12 +16,8 @@ use crate::common::*;
 /// for commands that fail in milliseconds), not a timing assert. The address space is capped
 /// at 4 GiB, so a command that reads an endless file fails instead of exhausting the node.
 fn shufflefs_watched(args: &[&str]) -> Output {
-    let mut cmd = Command::new(BIN);
-    cmd.args(args)
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut cmd = command(args);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     // SAFETY: setrlimit is async-signal-safe and touches only the child's own limits.
     unsafe {
         cmd.pre_exec(|| {
@@ -49,26 +45,12 @@ fn shufflefs_watched(args: &[&str]) -> Output {
     child.wait_with_output().unwrap()
 }
 
-/// Unmounts with the binary. Another test's child process may briefly hold a descriptor of a
-/// file in the mount (between its fork and exec), which makes the unmount busy: retried a few
-/// times; whatever remains is detached by the `MountDir` guard. Not what these tests test.
-fn unmount(mnt: &Path) {
-    for _ in 0..20 {
-        let out = shufflefs(&["unmount", s(mnt)]);
-        if out.status.success() {
-            return;
-        }
-        assert!(stderr(&out).contains("is busy"), "{}", stderr(&out));
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // manifest.json is opened like a shard.
 
 #[test]
 fn a_fifo_or_device_manifest_is_refused_promptly_by_every_command() {
-    let data = Positional::new(1000, 1024);
+    let data = Data::positional(1000, 1024);
     let ds = data.path();
     let manifest = ds.join("manifest.json");
     let saved = fs::read(&manifest).unwrap();
@@ -157,7 +139,7 @@ fn shards_swapped_with_their_checksum_files_fail_verified_reads() {
         return;
     }
     // 21 shards of 64 KiB (one checksum block each) of positional u32 tokens.
-    let data = Positional::new(330_000, 64 << 10);
+    let data = Data::positional(330_000, 64 << 10);
     let ds = data.path();
     let cfg = config(64, 64, 16, 1, 5, 1);
     let reference = shufflefs::fs::ShuffleFs::new(data.view(&cfg)).unwrap();
@@ -172,8 +154,7 @@ fn shards_swapped_with_their_checksum_files_fail_verified_reads() {
             reference.view().render_step_npy(key).unwrap()
         })
         .collect();
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&fs::read(ds.join("manifest.json")).unwrap()).unwrap();
+    let manifest: serde_json::Value = manifest(&ds);
     let shards = manifest["shards"].as_array().unwrap();
     assert_eq!(shards.len(), 21);
     for (a, b) in [(3, 4), (17, 18)] {
@@ -307,8 +288,7 @@ fn in_place_copies_archives_and_moves_keep_the_fingerprint() {
     let out = shufflefs(&args);
     assert!(out.status.success(), "{}", stderr(&out));
     // Paths inside the dataset directory are relative, the one outside stays absolute.
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&fs::read(ds.join("manifest.json")).unwrap()).unwrap();
+    let manifest: serde_json::Value = manifest(&ds);
     let paths: Vec<&str> = manifest["shards"]
         .as_array()
         .unwrap()
@@ -705,7 +685,7 @@ fn files_reopened_through_the_descriptor_pool_keep_the_owner_rule() {
         return;
     }
     // The user's dataset: 4 shards of 1,024 u32 tokens (the files root packed, given to them).
-    let data = Positional::new(4000, 4096);
+    let data = Data::positional(4000, 4096);
     chmod(data.dir.path(), 0o755);
     let ds = data.path();
     for entry in fs::read_dir(&ds).unwrap() {

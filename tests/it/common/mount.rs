@@ -1,107 +1,19 @@
-//! Shared fixtures: positional datasets, an independent reference for step files, and a
-//! mount guard that always unmounts.
+//! Mounts and the binary: the library mount guard ([`TestMount`]), the mount-point guard for
+//! the binary ([`MountDir`]), the binary runner ([`command`], [`shufflefs`], [`Daemon`]) and
+//! the mount table. Every mount a test makes is unmounted by a guard, also when it fails.
 
-use std::collections::BTreeSet;
+use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use shufflefs::dtype::ScalarType;
 use shufflefs::fs::ShuffleFs;
 use shufflefs::mount::{MountOptions, Mounted, mount};
-use shufflefs::pack::{PackOptions, pack, write_positional};
-use shufflefs::view::{View, ViewConfig};
 use tempfile::TempDir;
 
-/// A packed dataset of positional tokens (token i has value i) in a temp dir.
-pub struct Positional {
-    pub dir: TempDir,
-}
-
-impl Positional {
-    /// `tokens` u32 positional tokens split into shards of `shard_size` bytes.
-    pub fn new(tokens: u64, shard_size: u64) -> Positional {
-        Positional::with_dtype(tokens, shard_size, ScalarType::U32)
-    }
-
-    pub fn with_dtype(tokens: u64, shard_size: u64, dtype: ScalarType) -> Positional {
-        let dir = tempfile::tempdir().unwrap();
-        let input = dir.path().join("tokens.bin");
-        write_positional(&input, dtype, tokens).unwrap();
-        let options = PackOptions {
-            dtype: Some(dtype),
-            shard_size,
-            ..PackOptions::default()
-        };
-        pack(&dir.path().join("ds"), &[input], &options).unwrap();
-        Positional { dir }
-    }
-
-    pub fn path(&self) -> PathBuf {
-        self.dir.path().join("ds")
-    }
-
-    pub fn view(&self, config: &ViewConfig) -> View {
-        View::open(&self.path(), config).unwrap()
-    }
-
-    pub fn fs(&self, config: &ViewConfig) -> ShuffleFs {
-        ShuffleFs::new(self.view(config)).unwrap()
-    }
-}
-
-pub fn config(
-    window: u64,
-    stride: u64,
-    batch: u64,
-    ranks: u64,
-    seed: u64,
-    epochs: u64,
-) -> ViewConfig {
-    ViewConfig::stream(window, stride, batch, ranks, seed, epochs)
-}
-
-/// The data part of a step file, computed independently of the read path: the row of
-/// observation `o` is tokens `o*stride .. o*stride+window`, little-endian, and for positional
-/// data token `t` has value `t`.
-pub fn expected_rows(observations: &[u64], cfg: &ViewConfig, dtype: ScalarType) -> Vec<u8> {
-    let stride = cfg.stride.unwrap_or(cfg.window);
-    let mut out = Vec::new();
-    for &o in observations {
-        for t in o * stride..o * stride + cfg.window {
-            out.extend_from_slice(&t.to_le_bytes()[..dtype.size()]);
-        }
-    }
-    out
-}
-
-/// The observation ids of a step from its S.json bytes.
-pub fn json_observations(bytes: &[u8]) -> Vec<u64> {
-    let v: serde_json::Value = serde_json::from_slice(bytes).unwrap();
-    v["observations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap())
-        .collect()
-}
-
-/// Asserts that the union of `steps` (each a list of observation ids) is a set of distinct
-/// observations of size `steps * G` out of `n`, so that exactly `n mod G` are dropped.
-pub fn assert_exact_partition(all: &[Vec<u64>], n: u64, global_batch: u64) {
-    let mut seen = BTreeSet::new();
-    for step in all {
-        for &o in step {
-            assert!(o < n, "observation {o} out of range {n}");
-            assert!(seen.insert(o), "observation {o} served twice in one epoch");
-        }
-    }
-    assert_eq!(
-        n - seen.len() as u64,
-        n % global_batch,
-        "dropped tail must be n mod G"
-    );
-}
+/// How long a daemon may take to come up or to exit: a bound against a hang, not a speed
+/// assertion.
+pub const DAEMON_BOUND: Duration = Duration::from_secs(20);
 
 /// Whether real mounts can run here. Prints why not; with `SHUFFLEFS_REQUIRE_FUSE=1` (set by
 /// .ci/run) a missing /dev/fuse fails the test instead of skipping it.
@@ -122,25 +34,14 @@ pub fn fuse_available() -> bool {
     }
 }
 
-/// The shard file names of a packed dataset, in stream order.
-pub fn shard_paths(dataset: &Path) -> Vec<PathBuf> {
-    let m: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dataset.join("manifest.json")).unwrap()).unwrap();
-    m["shards"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| dataset.join(s["path"].as_str().unwrap()))
-        .collect()
-}
-
-/// A mount in a temp dir that is always unmounted on drop.
+/// A library mount (`shufflefs::mount::mount`) in a temp dir, unmounted when dropped.
 pub struct TestMount {
-    pub mounted: Option<Mounted>,
-    pub dir: TempDir,
+    mounted: Option<Mounted>,
+    dir: TempDir,
 }
 
 impl TestMount {
+    /// Two FUSE threads, default options.
     pub fn new(fs: ShuffleFs) -> TestMount {
         TestMount::with_threads(fs, 2)
     }
@@ -167,11 +68,12 @@ impl TestMount {
         self.dir.path()
     }
 
+    /// `epoch/E/rank/R/step/S.EXT` of this mount.
     pub fn step(&self, epoch: u64, rank: u64, step: u64, ext: &str) -> PathBuf {
-        self.path()
-            .join(format!("epoch/{epoch}/rank/{rank}/step/{step}.{ext}"))
+        step_path(self.path(), epoch, rank, step, ext)
     }
 
+    /// Unmounts and checks that it worked.
     pub fn unmount(mut self) {
         self.mounted.take().unwrap().unmount().unwrap();
     }
@@ -181,6 +83,11 @@ impl Drop for TestMount {
     fn drop(&mut self) {
         drop(self.mounted.take());
     }
+}
+
+/// `ROOT/epoch/E/rank/R/step/S.EXT`.
+pub fn step_path(root: &Path, epoch: u64, rank: u64, step: u64, ext: &str) -> PathBuf {
+    root.join(format!("epoch/{epoch}/rank/{rank}/step/{step}.{ext}"))
 }
 
 /// How many mounts (a stack counts each) /proc/self/mountinfo lists at `path`.
@@ -199,48 +106,82 @@ pub fn is_mounted(path: &Path) -> bool {
     mount_entries(path) > 0
 }
 
-/// One SplitMix64 step: advances `state` and returns the next value (the same generator as
-/// `shufflefs::feistel::mix`, which is its output function).
-pub fn splitmix(state: &mut u64) -> u64 {
-    let current = *state;
-    *state = current.wrapping_add(shufflefs::feistel::GOLDEN);
-    shufflefs::feistel::mix(current)
-}
-
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_shufflefs");
 
-/// Runs the binary with no stdin and without `RUST_LOG` (so its stderr is what the flags say).
+/// The binary with `args`, no stdin and without `RUST_LOG` (so its stderr is what the flags
+/// say): the base of every run of the binary.
+pub fn command(args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).env_remove("RUST_LOG").stdin(Stdio::null());
+    cmd
+}
+
+/// Runs the binary to completion.
 pub fn shufflefs(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
+    command(args).output().unwrap()
+}
+
+/// Runs the binary, which must succeed.
+pub fn shufflefs_ok(args: &[&str]) -> Output {
+    let o = shufflefs(args);
+    assert!(o.status.success(), "shufflefs {args:?}: {}", stderr(&o));
+    o
 }
 
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// `shufflefs unmount MNT`, which must succeed (retried a few times while the mount is busy:
+/// another test's child may hold a descriptor between fork and exec); then the mount is gone
+/// from the table (the one below it, of a stack, stays).
+pub fn unmount(mnt: &Path) {
+    let before = mount_entries(mnt);
+    for _ in 0..20 {
+        let o = shufflefs(&["unmount", s(mnt)]);
+        if o.status.success() {
+            break;
+        }
+        assert!(stderr(&o).contains("is busy"), "unmount: {}", stderr(&o));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let deadline = Instant::now() + DAEMON_BOUND;
+    while mount_entries(mnt) >= before {
+        assert!(Instant::now() < deadline, "{} stays mounted", mnt.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// [`unmount`], then waits for the daemon `pid` to exit.
+pub fn unmount_and_wait(mnt: &Path, pid: i32) {
+    unmount(mnt);
+    assert!(wait_gone(pid), "daemon {pid} exits after the unmount");
+}
+
 /// Waits (bounded) for a process to disappear or become a zombie. Returns whether it did.
 pub fn wait_gone(pid: i32) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + DAEMON_BOUND;
     while Instant::now() < deadline {
-        if !Path::new(&format!("/proc/{pid}")).exists()
-            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|st| st.contains(") Z "))
-        {
+        if !alive(pid) {
             return true;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
     false
+}
+
+/// Whether process `pid` runs (exists and is not a zombie).
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| !st.contains(") Z "))
 }
 
 /// A directory used as a mount point by the binary under test: whatever is still mounted
@@ -281,6 +222,78 @@ pub fn daemon_pid(o: &Output) -> i32 {
         .unwrap()
         .parse()
         .unwrap()
+}
+
+/// A `shufflefs mount -f` daemon, SIGKILLed and reaped when dropped.
+pub struct Daemon(Option<Child>);
+
+impl Daemon {
+    /// Starts `shufflefs ARGS` (a foreground mount) with its stderr in `log`, and waits until
+    /// `ready` holds (typically: the mount serves `info.json`).
+    pub fn start(args: &[&str], log: &Path, ready: impl Fn() -> bool) -> Daemon {
+        let mut daemon = Daemon(Some(
+            command(args)
+                .stdout(Stdio::null())
+                .stderr(File::create(log).unwrap())
+                .spawn()
+                .unwrap(),
+        ));
+        let deadline = Instant::now() + DAEMON_BOUND;
+        loop {
+            if let Some(status) = daemon.child().try_wait().unwrap() {
+                daemon.0 = None;
+                panic!(
+                    "the daemon exited with {status} before serving: {}",
+                    std::fs::read_to_string(log).unwrap_or_default()
+                );
+            }
+            if ready() {
+                return daemon;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the mount did not come up: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("daemon")
+    }
+
+    /// SIGKILLs the daemon and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits (bounded) for the daemon to exit by itself and returns its exit code.
+    pub fn wait_exit(&mut self) -> Option<i32> {
+        let deadline = Instant::now() + DAEMON_BOUND;
+        loop {
+            if let Some(status) = self.child().try_wait().unwrap() {
+                self.0 = None;
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "the daemon did not exit");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `ROOT/stats.json`, parsed (one open: one snapshot).
+pub fn stats(root: &Path) -> serde_json::Value {
+    crate::common::json(&std::fs::read(root.join("stats.json")).unwrap())
 }
 
 /// A second, unprivileged user: `(name, uid, gid)`. Created once with useradd (idempotent: an
