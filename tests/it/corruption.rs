@@ -1766,7 +1766,7 @@ fn regression_dtype_and_metadata_edits_are_refused() {
 
 /// Same-size damage to the document files (a flipped bit of a metadata entry, an `.idx`
 /// offset moved by one so an entry's text gains a space, an entry id changed to another
-/// entry) served other rows or metadata under the same fingerprint: the block checksums of
+/// entry, a document's start set to u64::MAX) served other rows or metadata under the same fingerprint: the block checksums of
 /// the document files make the reads that need them fail with EIO.
 #[test]
 fn regression_same_size_document_damage_fails_reads() {
@@ -1781,4 +1781,10 @@ fn regression_same_size_document_damage_fails_reads() {
     expect(&fx, index, Outcome::ReadErrors);
     let ids = edit_file(move |fx| docs(2)(fx)[0].clone(), |b| b[4] ^= 1);
     expect(&fx, ids, Outcome::ReadErrors);
+    // A document record's start near u64::MAX overflowed a check (a panic in debug builds).
+    let start = edit_file(
+        move |fx| docs(3)(fx)[3].clone(),
+        |b| b[..8].copy_from_slice(&u64::MAX.to_le_bytes()),
+    );
+    expect(&fx, start, Outcome::ReadErrors);
 }

@@ -276,7 +276,7 @@ fn soak_read(
         90..95 => (3, whole(root.join("info.json"), &expected.info)),
         _ => {
             // One READ, so one rendering: a read in pieces mixes renderings (see
-            // `stats_json_read_in_pieces_is_one_snapshot`).
+            // `regression_stats_json_read_in_pieces_is_one_snapshot`).
             let r = File::open(root.join("stats.json")).and_then(|f| {
                 let mut buf = vec![0u8; 64 << 10];
                 let n = f.read_at(&mut buf, 0)?;
@@ -891,7 +891,7 @@ fn mutation_under_live_mount(mutation: Mutation) {
                 }
             }
         }
-        // One READ: see `stats_json_read_in_pieces_is_one_snapshot`.
+        // One READ: see `regression_stats_json_read_in_pieces_is_one_snapshot`.
         let mut stats = vec![0u8; 64 << 10];
         let n = File::open(root.join("stats.json"))
             .and_then(|f| f.read_at(&mut stats, 0))
@@ -1125,7 +1125,7 @@ fn shard_overwritten_in_place_under_live_mount() {
 /// tail of another: torn, invalid JSON. The soak found it (64 readers, 5 of ~4,000 reads of
 /// `stats.json` in 10 s with `fs::read`). Expected: an open file is one snapshot.
 #[test]
-fn stats_json_read_in_pieces_is_one_snapshot() {
+fn regression_stats_json_read_in_pieces_is_one_snapshot() {
     if !fuse_available() {
         return;
     }

@@ -776,7 +776,7 @@ fn run_variant(with_cache: bool, seed: u64) {
 }
 
 #[test]
-fn faults_without_cache_never_give_mismatches() {
+fn faults_without_cache_never_give_wrong_bytes() {
     if !fuse_available() {
         return;
     }
@@ -784,7 +784,7 @@ fn faults_without_cache_never_give_mismatches() {
 }
 
 #[test]
-fn faults_with_cache_and_prefetch_never_give_mismatches() {
+fn faults_with_cache_and_prefetch_never_give_wrong_bytes() {
     if !fuse_available() {
         return;
     }

@@ -142,7 +142,7 @@ fn reftest_faulty_storage_without_mount() {
         prop::collection::vec(faulty_read(), 1..=24),
     );
     let outcomes = Cell::new((0, 0));
-    TestRunner::new(proptest_config(128))
+    TestRunner::new(proptest_config(512))
         .run(&strategy, |(case, verified, reads)| {
             faulty_case(&case, verified, &reads, &outcomes)
         })

@@ -33,7 +33,7 @@ use harness::*;
 #[test]
 fn reftest_tree_without_mount() {
     let strategy = (tree_case(), ops(48));
-    TestRunner::new(proptest_config(192))
+    TestRunner::new(proptest_config(1024))
         .run(&strategy, |(case, ops)| run(&case, &ops, false))
         .unwrap();
 }
@@ -45,7 +45,7 @@ fn reftest_tree_through_mount() {
         return;
     }
     let strategy = (tree_case(), ops(40));
-    TestRunner::new(proptest_config(12))
+    TestRunner::new(proptest_config(64))
         .run(&strategy, |(case, ops)| run(&case, &ops, true))
         .unwrap();
 }
@@ -67,7 +67,7 @@ fn proptest_reads_through_mount() {
     assert!(checker.r.step_npy(0, 0, 0).len() > 131_072);
     let state = std::cell::RefCell::new((tree, checker));
     let read = (file(), offset(), size(), method()).prop_map(|(f, o, s, m)| Op::Read(f, o, s, m));
-    TestRunner::new(proptest_config(400))
+    TestRunner::new(proptest_config(1500))
         .run(&prop::collection::vec(read, 1..=24), |reads| {
             let (tree, checker) = &mut *state.borrow_mut();
             for op in &reads {

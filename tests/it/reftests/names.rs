@@ -66,7 +66,7 @@ fn proptest_names_without_mount() {
     let mut tree = Direct::new(data.fs(&cfg));
     let checker = Checker::new(reference, &mut tree).unwrap();
     let state = RefCell::new((tree, checker));
-    TestRunner::new(proptest_config(1500))
+    TestRunner::new(proptest_config(10_000))
         .run(&lookups(), |case| {
             let (tree, checker) = &mut *state.borrow_mut();
             run_lookups(tree, checker, &case)
@@ -89,7 +89,7 @@ fn proptest_names_through_mount() {
     let mut tree = Mounted::new(TestMount::new(data.fs(&cfg)));
     let checker = Checker::new(reference, &mut tree).unwrap();
     let state = RefCell::new((tree, checker));
-    TestRunner::new(proptest_config(400))
+    TestRunner::new(proptest_config(3000))
         .run(&lookups(), |case| {
             let (tree, checker) = &mut *state.borrow_mut();
             run_lookups(tree, checker, &case)
