@@ -11,7 +11,7 @@ use std::fs;
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use shufflefs::plan::StepKey;
@@ -489,28 +489,17 @@ fn an_inaccessible_dev_fuse_is_named_with_the_fix() {
         use std::os::unix::fs::PermissionsExt;
         fs::set_permissions(&cover, fs::Permissions::from_mode(0o600)).unwrap();
     }
-    let bin = BinFor::new();
-    let script = r#"mount --bind "$1" /dev/fuse && shift && exec setpriv --reuid="$1" --regid="$2" --clear-groups -- "$3" mount "$4" "$5" --window 10 --batch-size 2"#;
-    let o = Command::new("unshare")
-        .args([
-            "--mount",
-            "--propagation",
-            "private",
-            "--",
-            "sh",
-            "-c",
-            script,
-            "sh",
-        ])
-        .arg(&cover)
-        .args([&uid.to_string(), &gid.to_string()])
-        .arg(&bin.path)
-        .arg(data.path())
-        .arg(mnt.path())
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .output()
-        .expect("unshare and setpriv (util-linux)");
+    let ds = data.path();
+    let args = [
+        "mount",
+        s(&ds),
+        s(mnt.path()),
+        "--window",
+        "10",
+        "--batch-size",
+        "2",
+    ];
+    let o = BinFor::new().run_as_with_dev_fuse(uid, gid, &cover, &args);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     for want in [

@@ -2,8 +2,7 @@
 //! JSON Lines documents with metadata, structured records, an in-place raw file) are packed
 //! and mounted through the `shufflefs` binary only, and every file read through the mount
 //! (step files, their JSON, observations, lookups, info.json) and the output of `plan` is
-//! reduced to its length and a 64-bit FNV-1a digest (`common::digest`, independent of every
-//! hash shufflefs uses), compared with
+//! reduced to its length and a 64-bit FNV-1a digest, compared with
 //! `tests/fixtures/golden.json`. Any change to a served byte, an S.json, an info.json or a
 //! fingerprint fails here; an intended change is re-pinned with
 //! `SHUFFLEFS_BLESS=1 cargo test --test it golden::` and shows in review as a diff of that file.
@@ -13,13 +12,25 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::common::{MountDir, Rng, digest, fuse_available, npy_header, s, shufflefs_ok, unmount};
+use super::common::{MountDir, fuse_available, s, shufflefs, splitmix, stderr};
 
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/golden.json");
 
-/// The binary's output (it must succeed).
+/// FNV-1a, 64 bits: independent of every hash shufflefs uses.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+fn digest(bytes: &[u8]) -> String {
+    format!("{}:{:016x}", bytes.len(), fnv(bytes))
+}
+
 fn run(args: &[&str]) -> Vec<u8> {
-    shufflefs_ok(args).stdout
+    let out = shufflefs(args);
+    assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    out.stdout
 }
 
 /// The dataset directory's path, which info.json reports, replaced by a fixed name.
@@ -33,11 +44,23 @@ fn masked(bytes: &[u8], dataset: &Path) -> Vec<u8> {
 /// A .npy file of structured records `[('token', '<u4'), ('concept', '<u2')]`, header laid
 /// out as numpy 1.0 writes it (magic, version, u16 length, dict, spaces, newline, 64-aligned).
 fn structured_npy(n: u64) -> Vec<u8> {
-    let mut out = npy_header(1, "[('token', '<u4'), ('concept', '<u2')]", &[n]);
-    let mut rng = Rng::new(11);
+    let dict = format!(
+        "{{'descr': [('token', '<u4'), ('concept', '<u2')], 'fortran_order': False, \
+         'shape': ({n},), }}"
+    );
+    // numpy leaves room for the shape to grow (21 digits minus the current ones), then pads.
+    let mut header = dict.into_bytes();
+    header.resize(header.len() + 21 - n.to_string().len(), b' ');
+    let total = (10 + header.len() + 1).next_multiple_of(64);
+    header.resize(total - 10 - 1, b' ');
+    header.push(b'\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(&header);
+    let mut state = 11u64;
     for i in 0..n {
         out.extend_from_slice(&((i * 7) as u32).to_le_bytes());
-        out.extend_from_slice(&((rng.next() % 500) as u16).to_le_bytes());
+        out.extend_from_slice(&((splitmix(&mut state) % 500) as u16).to_le_bytes());
     }
     out
 }
@@ -45,11 +68,11 @@ fn structured_npy(n: u64) -> Vec<u8> {
 /// 300 JSON Lines documents of 1-60 tokens, with document metadata on most and span
 /// metadata on some (values and whitespace vary, as real exports do).
 fn documents_jsonl() -> String {
-    let mut rng = Rng::new(5);
+    let mut state = 5u64;
     let mut lines = String::new();
     for d in 0..300u64 {
-        let len = 1 + rng.next() % 60;
-        let tokens: Vec<u64> = (0..len).map(|_| rng.next() % 50_000).collect();
+        let len = 1 + splitmix(&mut state) % 60;
+        let tokens: Vec<u64> = (0..len).map(|_| splitmix(&mut state) % 50_000).collect();
         let mut line = format!("{{\"tokens\": {tokens:?}");
         if d % 5 != 0 {
             line.push_str(&format!(
@@ -149,9 +172,9 @@ fn build(tmp: &Path) -> Vec<Case> {
         "--shard-size",
         "32KiB",
     ]);
-    let mut rng = Rng::new(17);
+    let mut state = 17u64;
     let tokens: Vec<u8> = (0..40_000)
-        .flat_map(|_| ((rng.next() % 50_257) as u16).to_le_bytes())
+        .flat_map(|_| ((splitmix(&mut state) % 50_257) as u16).to_le_bytes())
         .collect();
     std::fs::write(p("raw/tok16.bin"), tokens).unwrap();
     run(&[
@@ -284,7 +307,7 @@ fn served_bytes_match_the_golden_set() {
         args.extend(&case.plan);
         run(&args);
         walk(&case, mnt.path(), &mut golden);
-        unmount(mnt.path());
+        run(&["unmount", s(mnt.path())]);
         // `plan` prints the same info.json and S.json without a mount.
         let mut plan = vec!["plan", s(&case.dataset)];
         plan.extend(&case.plan);

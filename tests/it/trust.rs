@@ -735,28 +735,7 @@ fn shufflefs_as(uid: u32, gid: u32, args: &[&str]) -> Output {
     )
     .unwrap();
     chmod(&node, 0o666);
-    let script = r#"node="$1" u="$2" g="$3"; shift 3
-        mount --bind "$node" /dev/fuse && exec setpriv --reuid="$u" --regid="$g" --clear-groups -- "$@""#;
-    Command::new("unshare")
-        .args([
-            "--mount",
-            "--propagation",
-            "private",
-            "--",
-            "sh",
-            "-c",
-            script,
-            "sh",
-        ])
-        .arg(&node)
-        .args([&uid.to_string(), &gid.to_string()])
-        .arg(&bin.path)
-        .args(args)
-        .current_dir("/")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .output()
-        .expect("unshare and setpriv (util-linux)")
+    bin.run_as_with_dev_fuse(uid, gid, &node, args)
 }
 
 #[test]

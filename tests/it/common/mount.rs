@@ -376,6 +376,34 @@ impl BinFor {
             .output()
             .unwrap()
     }
+
+    /// Runs the binary as `uid:gid` in a private mount namespace where `node` is bound over
+    /// `/dev/fuse` (unshare and setpriv, util-linux): a device node the user may open, or a
+    /// plain file to show what a user without access sees.
+    pub fn run_as_with_dev_fuse(&self, uid: u32, gid: u32, node: &Path, args: &[&str]) -> Output {
+        let script = r#"node="$1" u="$2" g="$3"; shift 3
+            mount --bind "$node" /dev/fuse && exec setpriv --reuid="$u" --regid="$g" --clear-groups -- "$@""#;
+        Command::new("unshare")
+            .args([
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                "sh",
+                "-c",
+                script,
+                "sh",
+            ])
+            .arg(node)
+            .args([&uid.to_string(), &gid.to_string()])
+            .arg(&self.path)
+            .args(args)
+            .current_dir("/")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .output()
+            .expect("unshare and setpriv (util-linux)")
+    }
 }
 
 /// Lets every user through `path` (and read it): temp dirs are 0700.
