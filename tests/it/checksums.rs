@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
 use shufflefs::dataset::Dataset;
@@ -19,25 +19,6 @@ fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-/// A copied dataset of positional u32 tokens in 256 KiB shards (4 checksum blocks each).
-fn packed(dir: &Path) -> PathBuf {
-    let raw = dir.join("t.bin");
-    shufflefs::pack::write_positional(&raw, shufflefs::dtype::ScalarType::U32, 300_000).unwrap();
-    let ds = dir.join("ds");
-    let o = shufflefs(&[
-        "pack",
-        ds.to_str().unwrap(),
-        raw.to_str().unwrap(),
-        "--dtype",
-        "u32",
-        "--shard-size",
-        "256KiB",
-        "--no-progress",
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
-    ds
 }
 
 /// Every step file of epoch 0, read through the model (no FUSE).
@@ -57,8 +38,9 @@ fn all_steps(fs: &ShuffleFs) -> Vec<Result<Vec<u8>, String>> {
 
 #[test]
 fn verify_passes_then_finds_the_changed_block() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ds = packed(tmp.path());
+    // A copied dataset of positional u32 tokens in 256 KiB shards (4 checksum blocks each).
+    let data = Data::positional(300_000, 256 << 10);
+    let ds = data.path();
     let manifest: serde_json::Value = manifest(&ds);
     assert_eq!(manifest["version"], shufflefs::format::VERSION);
     for s in manifest["shards"].as_array().unwrap() {
@@ -94,8 +76,9 @@ fn verify_passes_then_finds_the_changed_block() {
 
 #[test]
 fn verified_reads_refuse_changed_blocks_and_serve_the_rest_unchanged() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ds = packed(tmp.path());
+    // A copied dataset of positional u32 tokens in 256 KiB shards (4 checksum blocks each).
+    let data = Data::positional(300_000, 256 << 10);
+    let ds = data.path();
     let cfg = config(100, 100, 8, 1, 3, 1);
     let plain = ShuffleFs::new(View::new(Dataset::open(&ds).unwrap(), &cfg).unwrap()).unwrap();
     let before = all_steps(&plain);

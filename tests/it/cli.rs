@@ -355,7 +355,7 @@ fn sigterm_and_sigint_unmount_cleanly() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + DAEMON_BOUND;
         while !mnt.path().join("info.json").exists() {
             assert!(Instant::now() < deadline, "mount did not come up");
             std::thread::sleep(Duration::from_millis(10));
@@ -364,17 +364,11 @@ fn sigterm_and_sigint_unmount_cleanly() {
         let open = fs::File::open(mnt.path().join("info.json")).unwrap();
         // SAFETY: sending a signal to our own child.
         unsafe { libc::kill(child.id() as i32, signal) };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("daemon did not exit after signal {signal}");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        let status = wait_bounded(
+            &mut child,
+            DAEMON_BOUND,
+            &format!("the daemon after signal {signal}"),
+        );
         assert_eq!(status.code(), Some(0), "signal {signal}");
         assert!(!is_mounted(mnt.path()), "signal {signal} left a mount");
         drop(open);

@@ -482,13 +482,10 @@ fn an_inaccessible_dev_fuse_is_named_with_the_fix() {
     }
     let mnt = MountDir::new();
     open_to_all(mnt.path());
-    nix::unistd::chown(mnt.path(), Some(nix::unistd::Uid::from_raw(uid)), None).unwrap();
+    chown(mnt.path(), uid, gid);
     let cover = data.dir.path().join("no-fuse");
     fs::write(&cover, b"").unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(&cover, fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    chmod(&cover, 0o600);
     let ds = data.path();
     let args = [
         "mount",

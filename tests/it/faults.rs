@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock};
@@ -710,7 +710,7 @@ fn mutate(mutation: Mutation, target: &Target) {
             fs::rename(&tmp, path).unwrap();
         }
         Mutation::Chmod000 => {
-            fs::set_permissions(path, fs::Permissions::from_mode(0o000)).unwrap();
+            chmod(path, 0o000);
         }
         Mutation::OverwriteInPlace => {
             let f = fs::OpenOptions::new().write(true).open(path).unwrap();

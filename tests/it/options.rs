@@ -8,7 +8,6 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 use crate::common::*;
 
@@ -128,17 +127,11 @@ fn expect_fingerprint_guards_the_resumed_order() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("a foreground mount with a wrong fingerprint kept running");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let status = wait_bounded(
+        &mut child,
+        DAEMON_BOUND,
+        "a foreground mount with a wrong fingerprint",
+    );
     assert_eq!(status.code(), Some(1));
     assert_eq!(mount_entries(t.mnt.path()), 0);
 }

@@ -496,14 +496,6 @@ fn second_user() -> Option<(u32, u32)> {
     other_user().map(|(_, uid, gid)| (uid, gid))
 }
 
-fn chown(path: &Path, uid: u32, gid: u32) {
-    std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
-}
-
-fn chmod(path: &Path, mode: u32) {
-    fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
-}
-
 /// A manifest as an unprivileged user can write it for today's readers: version 3, u8
 /// records, every file in place by absolute path, each identity hash recomputed (path, size
 /// and mtime, which `stat` tells anyone).

@@ -179,6 +179,23 @@ pub fn wait_gone(pid: i32) -> bool {
     false
 }
 
+/// Waits for `child` to exit and returns its status; kills it and fails the test if it still
+/// runs after `bound` (a generous watchdog against a hang, not a speed assertion).
+pub fn wait_bounded(child: &mut Child, bound: Duration, what: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} still runs after {bound:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Whether process `pid` runs (exists and is not a zombie).
 pub fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| !st.contains(") Z "))
@@ -273,15 +290,9 @@ impl Daemon {
 
     /// Waits (bounded) for the daemon to exit by itself and returns its exit code.
     pub fn wait_exit(&mut self) -> Option<i32> {
-        let deadline = Instant::now() + DAEMON_BOUND;
-        loop {
-            if let Some(status) = self.child().try_wait().unwrap() {
-                self.0 = None;
-                return status.code();
-            }
-            assert!(Instant::now() < deadline, "the daemon did not exit");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let status = wait_bounded(self.child(), DAEMON_BOUND, "the daemon");
+        self.0 = None;
+        status.code()
     }
 }
 
@@ -406,9 +417,16 @@ impl BinFor {
     }
 }
 
+pub fn chown(path: &Path, uid: u32, gid: u32) {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
+}
+
+pub fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
 /// Lets every user through `path` (and read it): temp dirs are 0700.
 pub fn open_to_all(path: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = if path.is_dir() { 0o755 } else { 0o644 };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    chmod(path, if path.is_dir() { 0o755 } else { 0o644 });
 }
