@@ -5,9 +5,13 @@
 //! | `feistel.rs` | what is the keyed permutation of `[0, n)`? |
 //! | `plan.rs` | which observations are in (epoch, rank, step), and where is observation `i`? The one place of the global-step formula |
 //! | `mixture/` | how many rows of each source in a global step, which ones, in which slots? (the mixtures issue wires it in) |
+//! | `packing.rs` | which documents make packed row `g` of epoch `e` (BOS-aligned best fit, random access)? (the formats issue wires it in as `--mode packed`) |
 
 pub(crate) mod feistel;
 // Not wired into the tree yet: the mixtures issue serves it.
 #[allow(dead_code, unused_imports)]
 pub(crate) mod mixture;
+// Not wired into the tree yet: `--mode packed` serves it.
+#[allow(dead_code, unused_imports)]
+pub(crate) mod packing;
 pub(crate) mod plan;
