@@ -1,8 +1,8 @@
 //! shufflefs: a FUSE filesystem that serves a packed token dataset as globally shuffled,
 //! rank-partitioned step files, `MOUNT/epoch/E/rank/R/step/S.npy`.
 //!
-//! The layers, bottom up: each module uses only those above it in this table (`shuffle/` and
-//! `error.rs` use nothing; `cmd/` uses everything). Only `fuse/` knows fuser; everything else
+//! The layers, bottom up: each module uses only those above it in this table (`error.rs` uses
+//! nothing, `shuffle/` only `error.rs`; `cmd/` uses everything). Only `fuse/` knows fuser; everything else
 //! is tested without a mount. docs/ARCHITECTURE.md has the read path as one picture and a
 //! "which file do I open for which change" table.
 //!
