@@ -240,6 +240,11 @@ pub struct PlanOptions {
     /// [default: 0].
     #[arg(long, allow_hyphen_values = true, help_heading = PLAN_HEADING)]
     pub pad_id: Option<i128>,
+    /// Serve .npy files as i32 or i64 (numpy spellings work: int64, <i8) instead of the
+    /// dataset's token type, e.g. for torch.nn.Embedding; values convert exactly (one that does
+    /// not fit fails the read with EOVERFLOW). [default: the dataset's type]
+    #[arg(long, value_parser = dtype, help_heading = PLAN_HEADING)]
+    pub out_dtype: Option<ScalarType>,
 }
 
 /// `--mode`.

@@ -58,6 +58,16 @@ pub enum Error {
         /// Bytes the shard delivered.
         got: usize,
     },
+    /// A token value the served type cannot hold (`--out-dtype`): the read fails rather than
+    /// serve a wrapped number.
+    OutOfRange {
+        /// The token value.
+        value: i128,
+        /// Its index in the dataset's record stream.
+        record: u64,
+        /// The served type (`--out-dtype`).
+        out: &'static str,
+    },
     /// An I/O error on a named file.
     Io {
         /// The file involved.
@@ -104,6 +114,7 @@ impl Error {
             Error::InvalidInput(_) => libc::EINVAL,
             Error::Dataset { .. } => libc::EIO,
             Error::ShortRead { .. } => libc::EIO,
+            Error::OutOfRange { .. } => libc::EOVERFLOW,
             Error::Io { source, .. } => match source.raw_os_error() {
                 // Errors that would mislead a reader of a read-only tree become EIO.
                 Some(code) if code != libc::ENOENT && code != libc::EROFS => code,
@@ -123,7 +134,8 @@ impl Error {
             | Error::IsADirectory
             | Error::ReadOnly
             | Error::PermissionDenied
-            | Error::InvalidInput(_) => None,
+            | Error::InvalidInput(_)
+            | Error::OutOfRange { .. } => None,
         }
     }
 
@@ -146,7 +158,10 @@ impl Error {
             | Error::ReadOnly
             | Error::PermissionDenied
             | Error::InvalidInput(_) => log::Level::Debug,
-            Error::Dataset { .. } | Error::ShortRead { .. } | Error::Io { .. } => log::Level::Error,
+            Error::Dataset { .. }
+            | Error::ShortRead { .. }
+            | Error::Io { .. }
+            | Error::OutOfRange { .. } => log::Level::Error,
         }
     }
 }
@@ -160,6 +175,11 @@ impl fmt::Display for Error {
             Error::ReadOnly => write!(f, "shufflefs is read-only"),
             Error::PermissionDenied => write!(f, "permission denied"),
             Error::InvalidInput(message) => write!(f, "{message}"),
+            Error::OutOfRange { value, record, out } => write!(
+                f,
+                "token {value} (record {record} of the dataset) does not fit --out-dtype {out}: \
+                 mount with --out-dtype i64, or without --out-dtype"
+            ),
             Error::Dataset { path, kind } => write!(f, "{}: {kind}", path.display()),
             Error::ShortRead {
                 path,

@@ -116,3 +116,18 @@ def test_open_chooses_backend(datasets: Dict[str, Path], mount: Callable[..., Pa
     assert isinstance(shufflefs.open(datasets["stream"], **kw), shufflefs.Dataset)
     with pytest.raises(TypeError, match="mount"):
         shufflefs.open(mnt, window=3)
+
+
+def test_out_dtype(datasets: Dict[str, Path], mount: Callable[..., Path]) -> None:
+    kw = dict(PLANS["stream"], out_dtype="int64")
+    m = shufflefs.Mount(mount(datasets["stream"], **kw))
+    d = shufflefs.Dataset(datasets["stream"], **kw)
+    plain = shufflefs.Dataset(datasets["stream"], **PLANS["stream"])
+    assert m.info_bytes == d.info_bytes
+    assert d.dtype == np.int64 and d.info["dataset_dtype"] == plain.info["dtype"]
+    assert d.fingerprint != plain.fingerprint
+    for step in range(3):
+        a, b = m.step(1, 0, step), d.step(1, 0, step)
+        assert a.dtype == b.dtype == np.int64
+        assert np.array_equal(a, b)
+        assert np.array_equal(a, plain.step(1, 0, step).astype(np.int64))

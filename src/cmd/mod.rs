@@ -50,6 +50,7 @@ impl From<&PlanOptions> for ViewConfig {
             },
             pad_id: p.pad_id,
             max_listing: crate::tree::DEFAULT_MAX_LISTING,
+            out_dtype: p.out_dtype,
         }
     }
 }

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::Mode;
 use crate::dataset::Dataset;
-use crate::format::dtype::RecordType;
+use crate::format::dtype::{RecordType, ScalarType};
 use crate::format::{self, ContentHasher, Manifest};
 use crate::shuffle::feistel;
 use crate::shuffle::plan::Plan;
@@ -54,12 +54,16 @@ pub struct Info {
     pub global_batch: u64,
     /// Observations dropped at the end of each epoch.
     pub dropped_per_epoch: u64,
-    /// numpy descr of the records: `<u4`, or a structured list literal.
+    /// numpy descr of the records as served: `<u4`, `<i8` with `--out-dtype i64`, or a
+    /// structured list literal.
     pub dtype: String,
+    /// The dataset's own descr, present only when `--out-dtype` serves another.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dataset_dtype: Option<String>,
     /// The fields of a structured record as `[name, descr]` pairs (for
     /// `np.dtype([tuple(f) for f in fields])`); null for a plain token stream.
     pub fields: Option<Vec<[String; 2]>>,
-    /// Bytes per record.
+    /// Bytes per record as served.
     pub itemsize: u64,
     /// First-field value of padding records (documents mode).
     pub pad_id: Option<i128>,
@@ -114,6 +118,8 @@ pub(super) struct Geometry {
     pub(super) step_file_bytes: u64,
     pub(super) npy_header_bytes: u64,
     pub(super) max_listing: u64,
+    /// `--out-dtype`, when it differs from the dataset's type.
+    pub(super) out_dtype: Option<ScalarType>,
 }
 
 impl Info {
@@ -143,9 +149,12 @@ impl Info {
             steps_per_epoch: plan.steps_per_epoch(),
             global_batch: plan.global_batch(),
             dropped_per_epoch: plan.dropped_per_epoch(),
-            dtype: manifest.dtype.clone(),
+            dtype: g
+                .out_dtype
+                .map_or_else(|| manifest.dtype.clone(), |t| t.descr().to_string()),
+            dataset_dtype: g.out_dtype.map(|_| manifest.dtype.clone()),
             fields,
-            itemsize: record.itemsize() as u64,
+            itemsize: g.out_dtype.map_or(record.itemsize(), |t| t.size()) as u64,
             pad_id: g.pad_id,
             step_shape: [plan.batch_size(), g.window],
             step_file_bytes: g.step_file_bytes,

@@ -21,12 +21,13 @@ use serde::Serialize;
 
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
-use crate::format::dtype::RecordType;
+use crate::format::dtype::{RecordType, ScalarType};
 use crate::format::npy;
 use crate::inode::Inodes;
 use crate::shuffle::plan::{Plan, StepKey};
 use crate::tree::{DEFAULT_MAX_LISTING, Shape};
 
+mod convert;
 mod info;
 mod json;
 mod rows;
@@ -35,6 +36,7 @@ mod window;
 pub use info::{Info, TruncatedListing};
 pub(crate) use json::{json_len, json_range};
 
+use convert::Convert;
 use info::Geometry;
 use window::Windows;
 
@@ -79,6 +81,10 @@ pub struct ViewConfig {
     /// Most names a directory listing shows (`--max-listing`; 0: no bound). Changes no byte
     /// of any file but `info.json`, which reports it.
     pub max_listing: u64,
+    /// The integer type `.npy` files are served in (`--out-dtype`); `None`: the dataset's own
+    /// record type. Every value is converted exactly; one the type cannot hold fails the read
+    /// (`EOVERFLOW`).
+    pub out_dtype: Option<ScalarType>,
 }
 
 impl ViewConfig {
@@ -101,6 +107,7 @@ impl ViewConfig {
             mode: Mode::Stream,
             pad_id: None,
             max_listing: DEFAULT_MAX_LISTING,
+            out_dtype: None,
         }
     }
 }
@@ -127,7 +134,12 @@ pub struct View {
     window: u64,
     /// Stream mode geometry (also used for `token_starts`).
     windows: Windows,
+    /// Bytes per record as stored in the dataset.
     itemsize: u64,
+    /// The type `.npy` files are served in when it differs from the dataset's (`--out-dtype`).
+    out: Option<Convert>,
+    /// Bytes per record as served (`itemsize` unless converted).
+    out_itemsize: u64,
     npy_header: Vec<u8>,
     pad_record: Vec<u8>,
     info: Info,
@@ -140,7 +152,14 @@ impl View {
         let record: &RecordType = dataset.record_type();
         let itemsize = record.itemsize() as u64;
         let stride = config.stride.unwrap_or(config.window);
-        let windows = Windows::new(dataset.n_records(), config.window, stride, itemsize)?;
+        let out = Convert::new(record, config.out_dtype)?;
+        let out_itemsize = out.map_or(itemsize, |c| c.to.size() as u64);
+        let windows = Windows::new(
+            dataset.n_records(),
+            config.window,
+            stride,
+            itemsize.max(out_itemsize),
+        )?;
         let n_obs = observations(&dataset, config, &windows)?;
         let plan = Plan::new(
             n_obs,
@@ -153,10 +172,15 @@ impl View {
         // Every file must be numberable; checked here so `plan` and `bench` refuse exactly
         // what `mount` refuses.
         Inodes::new(Shape::of(&plan))?;
-        let npy_header = npy::header(&record.npy_descr(), &[config.batch_size, config.window])?;
+        let descr = out.map_or_else(
+            || record.npy_descr(),
+            |c| RecordType::scalar(c.to).npy_descr(),
+        );
+        let npy_header = npy::header(&descr, &[config.batch_size, config.window])?;
         let data_bytes = config
             .batch_size
-            .checked_mul(windows.row_bytes())
+            .checked_mul(config.window)
+            .and_then(|records| records.checked_mul(out_itemsize))
             .filter(|b| b.checked_add(npy_header.len() as u64).is_some())
             .ok_or_else(|| {
                 Error::invalid("--batch-size times --window is too large for one file")
@@ -170,10 +194,15 @@ impl View {
             step_file_bytes: npy_header.len() as u64 + data_bytes,
             npy_header_bytes: npy_header.len() as u64,
             max_listing: config.max_listing,
+            out_dtype: out.map(|c| c.to),
         };
         let info = Info::new(&dataset, &plan, geometry);
+        let pad_record = match out {
+            None => record.pad_record(pad_id.unwrap_or(0)),
+            Some(c) => RecordType::scalar(c.to).pad_record(pad_id.unwrap_or(0)),
+        };
         Ok(View {
-            pad_record: record.pad_record(pad_id.unwrap_or(0)),
+            pad_record,
             info_json: info.to_json(),
             dataset,
             plan,
@@ -181,6 +210,8 @@ impl View {
             window: config.window,
             windows,
             itemsize,
+            out,
+            out_itemsize,
             npy_header,
             info,
         })
@@ -233,6 +264,14 @@ impl View {
         )))
     }
 
+    /// The numpy descr of the served `.npy` files: the dataset's records, or `--out-dtype`.
+    fn served_descr(&self) -> String {
+        match self.out {
+            Some(c) => RecordType::scalar(c.to).npy_descr(),
+            None => self.dataset.record_type().npy_descr(),
+        }
+    }
+
     /// Size of every step `.npy` file.
     pub fn step_npy_len(&self) -> u64 {
         self.info.step_file_bytes
@@ -270,7 +309,12 @@ fn observations(dataset: &Dataset, config: &ViewConfig, windows: &Windows) -> Re
         return Err(Error::invalid("--pad-id only applies to --mode documents"));
     }
     if let Some(pad) = config.pad_id {
-        let t = dataset.record_type().token_type();
+        // Padding is served in the served type (`--out-dtype`, checked in `View::new`).
+        let record = dataset.record_type();
+        let t = match (record.scalar_type(), config.out_dtype) {
+            (Some(_), Some(out)) => out,
+            _ => record.token_type(),
+        };
         if t.int_range().is_none_or(|(lo, hi)| pad < lo || pad > hi) {
             return Err(Error::invalid(format!("--pad-id {pad} is not a {t} value")));
         }

@@ -20,7 +20,7 @@ impl View {
         // The observations of the rows this range touches, computed together (batched
         // permutation), then looked up row by row.
         let header_len = self.npy_header.len() as u64;
-        let row_bytes = self.window * self.itemsize;
+        let row_bytes = self.window * self.out_itemsize;
         let data_start = offset.saturating_sub(header_len);
         let data_end = (offset + buf.len() as u64).saturating_sub(header_len);
         let first = (data_start / row_bytes).min(self.plan.batch_size());
@@ -70,7 +70,7 @@ impl View {
         observation: impl Fn(u64) -> Result<u64>,
     ) -> Result<usize> {
         let header_len = header.len() as u64;
-        let row_bytes = row_records * self.itemsize;
+        let row_bytes = row_records * self.out_itemsize;
         let len = header_len + self.plan.batch_size() * row_bytes;
         if offset >= len {
             return Ok(0);
@@ -98,8 +98,7 @@ impl View {
             let obs = observation(row)?;
             match self.mode {
                 Mode::Stream => {
-                    self.dataset
-                        .read_stream(self.windows.byte_offset(obs) + within, out)?;
+                    self.read_records(self.windows.first_record(obs), within, out)?;
                 }
                 Mode::Documents => {
                     if current.as_ref().is_none_or(|(r, _)| *r != row) {
@@ -123,18 +122,17 @@ impl View {
         within: u64,
         out: &mut [u8],
     ) -> Result<()> {
-        let data_bytes = doc.len.min(row_records) * self.itemsize;
+        let data_bytes = doc.len.min(row_records) * self.out_itemsize;
         let end = within + out.len() as u64;
         let copy_end = end.min(data_bytes);
         let mut k = 0usize;
         if within < copy_end {
             k = (copy_end - within) as usize;
-            self.dataset
-                .read_stream(doc.start * self.itemsize + within, &mut out[..k])?;
+            self.read_records(doc.start, within, &mut out[..k])?;
         }
         for (i, b) in out[k..].iter_mut().enumerate() {
             let pos = within + (k + i) as u64;
-            *b = self.pad_record[(pos % self.itemsize) as usize];
+            *b = self.pad_record[(pos % self.out_itemsize) as usize];
         }
         Ok(())
     }
@@ -142,7 +140,7 @@ impl View {
     /// Size of `observation/I.npy`.
     pub fn observation_npy_len(&self, observation: u64) -> Result<u64> {
         let (header, records) = self.observation_shape(observation)?;
-        Ok(header.len() as u64 + records * self.itemsize)
+        Ok(header.len() as u64 + records * self.out_itemsize)
     }
 
     fn observation_shape(&self, observation: u64) -> Result<(Vec<u8>, u64)> {
@@ -150,7 +148,7 @@ impl View {
             Mode::Stream => self.window,
             Mode::Documents => self.dataset.document(observation)?.len,
         };
-        let header = npy::header(&self.dataset.record_type().npy_descr(), &[records])?;
+        let header = npy::header(&self.served_descr(), &[records])?;
         Ok((header, records))
     }
 
@@ -164,7 +162,7 @@ impl View {
     ) -> Result<usize> {
         let (header, records) = self.observation_shape(observation)?;
         let header_len = header.len() as u64;
-        let len = header_len + records * self.itemsize;
+        let len = header_len + records * self.out_itemsize;
         if offset >= len {
             return Ok(0);
         }
@@ -181,9 +179,30 @@ impl View {
                 Mode::Stream => self.windows.first_record(observation),
                 Mode::Documents => self.dataset.document(observation)?.start,
             };
-            self.dataset
-                .read_stream(start * self.itemsize + within, &mut buf[filled..])?;
+            self.read_records(start, within, &mut buf[filled..])?;
         }
         Ok(n)
+    }
+
+    /// Fills `out` with the served bytes `[within, within + out.len())` of the records from
+    /// stream record `first` on: the dataset's bytes read straight into `out`, or, with
+    /// `--out-dtype`, the whole records the range touches read and converted.
+    fn read_records(&self, first: u64, within: u64, out: &mut [u8]) -> Result<()> {
+        let Some(convert) = self.out else {
+            return self
+                .dataset
+                .read_stream(first * self.itemsize + within, out);
+        };
+        let size = self.out_itemsize;
+        let (e0, e1) = (within / size, (within + out.len() as u64).div_ceil(size));
+        let n = (e1 - e0) as usize;
+        let mut src = vec![0u8; n * self.itemsize as usize];
+        self.dataset
+            .read_stream((first + e0) * self.itemsize, &mut src)?;
+        let mut dst = vec![0u8; n * size as usize];
+        convert.convert(&src, &mut dst, first + e0)?;
+        let skip = (within - e0 * size) as usize;
+        out.copy_from_slice(&dst[skip..skip + out.len()]);
+        Ok(())
     }
 }

@@ -16,11 +16,11 @@ pub(crate) struct Windows {
     n_records: u64,
     window: u64,
     stride: u64,
-    itemsize: u64,
 }
 
 impl Windows {
-    /// Validates and builds the geometry.
+    /// Validates and builds the geometry; `itemsize` is the larger of the stored and the
+    /// served record size (a row of either must stay under 4 GiB).
     pub(crate) fn new(n_records: u64, window: u64, stride: u64, itemsize: u64) -> Result<Windows> {
         if window == 0 {
             return Err(Error::invalid("--window must be at least 1"));
@@ -38,7 +38,6 @@ impl Windows {
             n_records,
             window,
             stride,
-            itemsize,
         })
     }
 
@@ -51,19 +50,9 @@ impl Windows {
         }
     }
 
-    /// Bytes per window (one row of a step file).
-    pub(crate) fn row_bytes(&self) -> u64 {
-        self.window * self.itemsize
-    }
-
     /// First record of observation `i`.
     pub(crate) fn first_record(&self, observation: u64) -> u64 {
         observation * self.stride
-    }
-
-    /// Stream byte offset of observation `i`.
-    pub(crate) fn byte_offset(&self, observation: u64) -> u64 {
-        self.first_record(observation) * self.itemsize
     }
 }
 

@@ -59,6 +59,7 @@ mod model;
 mod mounted;
 mod ops;
 mod options;
+mod out_dtype;
 mod prefill;
 mod records;
 mod reftests;

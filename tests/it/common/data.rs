@@ -73,7 +73,7 @@ impl Data {
         Data { dir }
     }
 
-    fn pack(
+    pub fn pack(
         dir: TempDir,
         inputs: &[PathBuf],
         dtype: ScalarType,
