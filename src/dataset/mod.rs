@@ -144,6 +144,28 @@ impl Dataset {
         (index, first, end)
     }
 
+    /// Where records `[record, record + count)` are stored: one `(shard index, byte offset in
+    /// the shard's file, records)` per shard they touch, in order (S.json's `sources`). No I/O.
+    pub(crate) fn pieces(
+        &self,
+        record: u64,
+        count: u64,
+    ) -> impl Iterator<Item = (usize, u64, u64)> + '_ {
+        let itemsize = self.record.itemsize() as u64;
+        let end = record.saturating_add(count).min(self.n_records());
+        let mut pos = record;
+        std::iter::from_fn(move || {
+            if pos >= end {
+                return None;
+            }
+            let (index, first, shard_end) = self.shard_of_record(pos);
+            let take = shard_end.min(end) - pos;
+            let offset = self.manifest.shards[index].offset + (pos - first) * itemsize;
+            pos += take;
+            Some((index, offset, take))
+        })
+    }
+
     /// The first record of shard `index` and one past its last.
     fn shard_records(&self, index: usize) -> (u64, u64) {
         let itemsize = self.record.itemsize() as u64;

@@ -50,6 +50,8 @@ struct StepJson<'a> {
     /// With documents: each row's spans of records with one metadata entry.
     #[serde(skip_serializing_if = "Option::is_none")]
     rows: Option<Rows<'a>>,
+    /// Each row's records as stored: `{"file","offset","records"}` per shard piece.
+    sources: Sources<'a>,
     fingerprint: &'a str,
 }
 
@@ -196,6 +198,44 @@ impl Serialize for Rows<'_> {
     }
 }
 
+/// Each row's `(first record, records)`, written as the pieces of the shard files that hold
+/// them (computed from the manifest, no I/O).
+struct Sources<'a> {
+    rows: RefCell<Option<Box<RowRanges<'a>>>>,
+    view: &'a View,
+}
+
+type RowRanges<'a> = dyn Iterator<Item = (u64, u64)> + 'a;
+
+/// One piece of a row: `records` records at byte `offset` of `file` (the manifest's path).
+#[derive(Serialize)]
+struct PieceJson<'a> {
+    file: &'a str,
+    offset: u64,
+    records: u64,
+}
+
+impl Serialize for Sources<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        let rows = self.rows.borrow_mut().take().expect("serialized once");
+        let dataset = self.view.dataset();
+        let shards = &dataset.manifest().shards;
+        let mut seq = serializer.serialize_seq(None)?;
+        for (record, count) in rows {
+            let pieces: Vec<PieceJson> = dataset
+                .pieces(record, count)
+                .map(|(index, offset, records)| PieceJson {
+                    file: &shards[index].path,
+                    offset,
+                    records,
+                })
+                .collect();
+            seq.serialize_element(&pieces)?;
+        }
+        seq.end()
+    }
+}
+
 /// A row of a documents-mode step: its document.
 struct Row {
     start: u64,
@@ -305,12 +345,18 @@ impl View {
             truncated: None,
             meta: None,
             rows: None,
+            sources: Sources {
+                rows: RefCell::new(None),
+                view: self,
+            },
             fingerprint: &self.info.fingerprint,
         };
         match self.mode {
             Mode::Stream => {
                 let first = |o| self.windows.first_record(o);
                 step.token_starts = Numbers::new(observations().map(first));
+                *step.sources.rows.borrow_mut() =
+                    Some(Box::new(observations().map(move |o| (first(o), window))));
                 let rows = observations().map(move |o| (first(o), window, None));
                 step.rows = has_documents.then(|| Rows {
                     rows: RefCell::new(Some(Box::new(rows))),
@@ -324,6 +370,9 @@ impl View {
                 step.token_starts = Numbers::new(docs.iter().map(|d| d.start));
                 step.lengths = Some(Numbers::new(docs.iter().map(move |d| d.len.min(window))));
                 step.truncated = Some(docs.iter().map(|d| d.len > window).collect());
+                *step.sources.rows.borrow_mut() = Some(Box::new(
+                    docs.iter().map(move |d| (d.start, d.len.min(window))),
+                ));
                 step.meta = Some(Metas {
                     docs: &docs,
                     ctx: &ctx,

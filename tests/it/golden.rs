@@ -33,12 +33,31 @@ fn run(args: &[&str]) -> Vec<u8> {
     out.stdout
 }
 
-/// The dataset directory's path, which info.json reports, replaced by a fixed name.
+/// What differs between two runs of the same case, replaced by fixed text: the dataset
+/// directory's path (info.json), the temp dir of in-place inputs and the random part of shard
+/// file names (S.json's `sources`).
 fn masked(bytes: &[u8], dataset: &Path) -> Vec<u8> {
     let text = String::from_utf8(bytes.to_vec()).unwrap();
     let path = dataset.canonicalize().unwrap();
     let quoted = serde_json::to_string(path.to_str().unwrap()).unwrap();
-    text.replace(&quoted, "\"DATASET\"").into_bytes()
+    let root = path.parent().unwrap().to_str().unwrap().to_string();
+    let text = text.replace(&quoted, "\"DATASET\"").replace(&root, "ROOT");
+    // "shard-" + 8 hex digits + "-": the nonce of one pack run.
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(i) = rest.find("shard-") {
+        out.push_str(&rest[..i + 6]);
+        rest = &rest[i + 6..];
+        let nonce = rest
+            .get(..9)
+            .filter(|n| n.ends_with('-') && n[..8].bytes().all(|b| b.is_ascii_hexdigit()));
+        if nonce.is_some() {
+            out.push_str("XXXXXXXX-");
+            rest = &rest[9..];
+        }
+    }
+    out.push_str(rest);
+    out.into_bytes()
 }
 
 /// A .npy file of structured records `[('token', '<u4'), ('concept', '<u2')]`, header laid
@@ -117,7 +136,13 @@ fn walk(case: &Case, mnt: &Path, golden: &mut BTreeMap<String, String>) {
             for st in 0..steps {
                 for ext in ["npy", "json"] {
                     let rel = format!("epoch/{e}/rank/{r}/step/{st}.{ext}");
-                    put(rel.clone(), &std::fs::read(mnt.join(&rel)).unwrap());
+                    let bytes = std::fs::read(mnt.join(&rel)).unwrap();
+                    let bytes = if ext == "json" {
+                        masked(&bytes, &case.dataset)
+                    } else {
+                        bytes
+                    };
+                    put(rel.clone(), &bytes);
                 }
             }
         }
@@ -322,7 +347,7 @@ fn served_bytes_match_the_golden_set() {
         step.extend(["--epoch", "0", "--rank", "0", "--step", "1"]);
         golden.insert(
             format!("{}/plan step 0/0/1", case.name),
-            digest(&run(&step)),
+            digest(&masked(&run(&step), &case.dataset)),
         );
     }
     let rendered = serde_json::to_string_pretty(&golden).unwrap() + "\n";

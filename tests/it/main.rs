@@ -61,6 +61,7 @@ mod ops;
 mod options;
 mod out_dtype;
 mod prefill;
+mod provenance;
 mod records;
 mod reftests;
 mod resume;

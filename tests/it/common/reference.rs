@@ -194,6 +194,9 @@ pub struct Reference {
     /// The token stream, from the shard files.
     pub stream: Vec<u8>,
     pub shards: u64,
+    /// Each shard's `(path as in the manifest, byte offset of its first record in the file,
+    /// records)`, in stream order.
+    pub shard_files: Vec<(String, u64, u64)>,
     pub content_hash: String,
     pub format_version: u64,
     pub window: u64,
@@ -259,6 +262,18 @@ impl Reference {
             descr,
             itemsize,
             shards: m["shards"].as_array().unwrap().len() as u64,
+            shard_files: m["shards"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| {
+                    (
+                        s["path"].as_str().unwrap().to_string(),
+                        s["offset"].as_u64().unwrap_or(0),
+                        s["records"].as_u64().unwrap(),
+                    )
+                })
+                .collect(),
             content_hash: m["content_hash"].as_str().unwrap().to_string(),
             format_version: m["version"].as_u64().unwrap(),
             stream,
@@ -324,13 +339,37 @@ impl Reference {
         };
         format!(
             "{{\"epoch\":{e},\"rank\":{r},\"step\":{s},\"global_step\":{},\"observations\":[{}],\
-             \"token_starts\":[{}],\"fingerprint\":\"{}\"}}\n",
+             \"token_starts\":[{}],\"sources\":[{}],\"fingerprint\":\"{}\"}}\n",
             e * self.steps + s,
             list(&mut obs.iter().copied()),
             list(&mut obs.iter().map(|o| o * self.stride)),
+            obs.iter()
+                .map(|o| self.sources(o * self.stride, self.window))
+                .collect::<Vec<_>>()
+                .join(","),
             self.fingerprint
         )
         .into_bytes()
+    }
+
+    /// `S.json`'s pieces of records `[start, start + count)`: one `{"file","offset","records"}`
+    /// per shard, found by walking the shard list.
+    fn sources(&self, start: u64, count: u64) -> String {
+        let mut pieces = Vec::new();
+        let mut first = 0u64;
+        for (path, offset, records) in &self.shard_files {
+            let (lo, hi) = (start.max(first), (start + count).min(first + records));
+            if lo < hi {
+                pieces.push(format!(
+                    "{{\"file\":{},\"offset\":{},\"records\":{}}}",
+                    serde_json::to_string(path).unwrap(),
+                    offset + (lo - first) * self.itemsize,
+                    hi - lo
+                ));
+            }
+            first += records;
+        }
+        format!("[{}]", pieces.join(","))
     }
 
     pub fn observation_npy(&self, o: u64) -> Vec<u8> {
