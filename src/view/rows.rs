@@ -140,7 +140,7 @@ impl View {
     /// Size of `observation/I.npy`.
     pub fn observation_npy_len(&self, observation: u64) -> Result<u64> {
         let (header, records) = self.observation_shape(observation)?;
-        Ok(header.len() as u64 + records * self.out_itemsize)
+        observation_bytes(&header, records, self.out_itemsize)
     }
 
     fn observation_shape(&self, observation: u64) -> Result<(Vec<u8>, u64)> {
@@ -162,7 +162,7 @@ impl View {
     ) -> Result<usize> {
         let (header, records) = self.observation_shape(observation)?;
         let header_len = header.len() as u64;
-        let len = header_len + records * self.out_itemsize;
+        let len = observation_bytes(&header, records, self.out_itemsize)?;
         if offset >= len {
             return Ok(0);
         }
@@ -205,4 +205,18 @@ impl View {
         out.copy_from_slice(&dst[skip..skip + out.len()]);
         Ok(())
     }
+}
+
+/// The size of an observation file: its header and `records` records of `itemsize` bytes (a
+/// document too long to be one file, which only a conversion to a wider type can make, is an
+/// error, not a wrapped size).
+fn observation_bytes(header: &[u8], records: u64, itemsize: u64) -> Result<u64> {
+    records
+        .checked_mul(itemsize)
+        .and_then(|b| b.checked_add(header.len() as u64))
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "an observation of {records} records is too large for one file"
+            ))
+        })
 }
