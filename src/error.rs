@@ -93,6 +93,12 @@ impl Error {
         }
     }
 
+    /// An input file of `pack` that is not what it claims to be (a damaged or mismatched index,
+    /// a table without a token column): `message` says what was found and what to do.
+    pub(crate) fn input(path: impl Into<PathBuf>, message: impl Into<String>) -> Error {
+        Error::dataset(path, CorruptKind::Input(message.into()))
+    }
+
     /// Shorthand for [`Error::Io`] without an offset.
     pub(crate) fn io(path: impl Into<PathBuf>, source: io::Error) -> Error {
         Error::Io {
@@ -319,6 +325,8 @@ pub enum CorruptKind {
     NoChecksums,
     /// The document files are inconsistent (what was found).
     Documents(String),
+    /// An input of `pack` is not what it claims to be (what was found, what to do).
+    Input(String),
     /// A read past the end of the stream (a bug of the caller).
     PastEnd {
         /// Bytes asked for.
@@ -477,6 +485,7 @@ impl fmt::Display for CorruptKind {
                  dataset or one packed before format version 3): add them with `shufflefs \
                  verify --write-checksums DATASET_DIR`"
             ),
+            CorruptKind::Input(what) => f.write_str(what),
             CorruptKind::Documents(what) => write!(
                 f,
                 "{what}: the document files are corrupt; re-run `shufflefs pack`"

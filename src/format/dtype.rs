@@ -133,7 +133,7 @@ impl ScalarType {
     /// Parses a token type as `--dtype` takes it: the CLI name (`u16`), numpy's name (`uint16`,
     /// `np.uint16`, `numpy.uint16`) or a little-endian numpy type string (`<u2`, `=u2`, `u2`,
     /// `|u1`). A big-endian type (`>u2`) is refused with how to convert.
-    pub(crate) fn from_name(name: &str) -> Result<ScalarType> {
+    pub fn from_name(name: &str) -> Result<ScalarType> {
         const USE: &str = "use one of u8 u16 u32 u64 i32 i64 (numpy spellings such as uint16 \
                            or <u2 work too)";
         let bare = name.trim();

@@ -36,6 +36,7 @@ use crate::error::{Error, Result};
 use crate::format::dtype::{RecordType, ScalarType};
 use crate::format::{FORMAT_NAME, MANIFEST, Manifest, ShardEntry, VERSION};
 
+pub mod formats;
 mod in_place;
 mod inputs;
 mod jsonl;

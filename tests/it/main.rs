@@ -60,6 +60,7 @@ mod mounted;
 mod ops;
 mod options;
 mod out_dtype;
+mod parsers;
 mod prefill;
 mod provenance;
 mod records;

@@ -32,10 +32,10 @@ use super::dtype::ScalarType;
 use super::npy;
 
 /// Bytes of an llm.c shard header (256 little-endian int32 words).
-pub(crate) const LLMC_HEADER: u64 = 1024;
+pub const LLMC_HEADER: u64 = 1024;
 
 /// llm.c token shards pack reads: (magic, version, token type).
-pub(crate) const LLMC: [(u32, u32, ScalarType); 2] = [
+pub const LLMC: [(u32, u32, ScalarType); 2] = [
     (20_240_520, 1, ScalarType::U16),
     (20_240_801, 7, ScalarType::U32),
 ];
