@@ -95,13 +95,14 @@ with open(inp / "megatron_text_document.idx", "wb") as f:
     f.write(np.array([0, 1, 2], dtype=np.int64).tobytes())
 
 # datatrove's DocumentTokenizer: NAME.ds (u16 tokens), NAME.ds.index (u64 document ends),
-# NAME.ds.metadata (tokenizer, token count, humanized count).
+# NAME.ds.metadata ("<tokenizer>|<token size>", token count, humanized count, as
+# datatrove's TokenizedFile writes it).
 with open(inp / "00000_unshuffled.ds", "wb") as f:
     f.write(gpt2.tobytes())
 with open(inp / "00000_unshuffled.ds.index", "wb") as f:
     f.write(struct.pack("<2Q", 300, 1000))
 with open(inp / "00000_unshuffled.ds.metadata", "w") as f:
-    f.write("\n".join(["gpt2", "1000", "1.0 kT"]))
+    f.write("\n".join(["gpt2|2", "1000", "1.0 kT"]))
 
 # Archives and compressed token files.
 raw = gpt2.tobytes()

@@ -179,18 +179,36 @@ pub struct PackArgs {
     pub dataset_dir: PathBuf,
     /// Input files, concatenated in this order: raw little-endian tokens (nanoGPT train.bin
     /// style), llm.c shards (the tokens after their header), 1-D .npy arrays (plain or
-    /// structured), or JSON Lines documents (.jsonl: {"tokens": [...], "meta": ..., "spans":
-    /// [{"start", "end", "meta"}]}). Other formats (parquet, Arrow, archives, text...) are
-    /// refused saying what to do.
+    /// structured), Megatron-LM PREFIX.bin (with PREFIX.idx beside it: dtype and documents
+    /// from the index), datatrove X.ds (with X.ds.index beside it), Hugging Face parquet and
+    /// Arrow files or a save_to_disk directory (copied), or JSON Lines documents (.jsonl:
+    /// {"tokens": [...], "meta": ..., "spans": [{"start", "end", "meta"}]}). A directory
+    /// stands for its files in name order, companions (.idx, .ds.index, ...) taken with their
+    /// token files; a quoted glob (`'data/*.bin'`) for its matches. Other formats (archives,
+    /// text...) are refused saying what to do.
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
     /// Token type: u8 u16 u32 u64 i32 i64, or numpy's spelling (uint16, <u2) [default: the
     /// dtype of the first .npy or llm.c input].
     #[arg(long, value_parser = dtype)]
     pub dtype: Option<ScalarType>,
-    /// End a document after every token equal to TOKEN (e.g. the EOS id of a token file).
+    /// End a document after every token equal to TOKEN (e.g. the EOS id of a token file:
+    /// nanoGPT, OLMo/Dolma). Documents never span input files.
     #[arg(long, value_name = "TOKEN", allow_hyphen_values = true, value_parser = token)]
     pub doc_sep: Option<i128>,
+    /// Start a document at every token equal to TOKEN (a BOS prepended to each document, as
+    /// llm.c's shards have); tokens before the first are a document too. With --in-place.
+    #[arg(long, value_name = "TOKEN", allow_hyphen_values = true, value_parser = token, conflicts_with = "doc_sep")]
+    pub doc_start: Option<i128>,
+    /// What a document of a Megatron-LM dataset is: an input document (the sequences between
+    /// two document indices), or each sequence (what Megatron's GPTDataset samples; they
+    /// differ with preprocess_data.py --split-sentences).
+    #[arg(long, value_enum, default_value_t = MegatronUnitArg::Document)]
+    pub megatron_unit: MegatronUnitArg,
+    /// The list-of-integers column of Hugging Face parquet/Arrow inputs, and the field of
+    /// JSON Lines documents, that holds the token ids [default: input_ids, then tokens].
+    #[arg(long, value_name = "NAME")]
+    pub tokens_field: Option<String>,
     /// Do not show a progress bar.
     #[arg(long)]
     pub no_progress: bool,
@@ -209,6 +227,15 @@ pub struct PackArgs {
     /// width than --dtype).
     #[arg(long)]
     pub force: bool,
+}
+
+/// `--megatron-unit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MegatronUnitArg {
+    /// The sequences between two document indices.
+    Document,
+    /// Each sequence (index entry).
+    Sequence,
 }
 
 /// The options that define the plan: shared by `mount` and `plan`.

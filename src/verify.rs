@@ -20,7 +20,7 @@ use crate::dataset::{Dataset, DocFiles, Shard};
 use crate::error::{Error, Result};
 use crate::format::checksum::{self, BlockSums};
 use crate::format::docfiles::DocFile;
-use crate::format::{self, ContentHasher, MANIFEST, ShardChecksums, ShardEntry, VERSION};
+use crate::format::{self, ContentHasher, MANIFEST, ShardChecksums, ShardEntry};
 
 /// Bytes read per call while verifying.
 const CHUNK: usize = 8 << 20;
@@ -227,8 +227,7 @@ fn check_documents(entry: &ShardEntry, d: &DocFiles, report: &mut Report) {
     let mut hashes = Vec::new();
     let mut index = Vec::new();
     let mut doc_blocks = Vec::new();
-    for which in DocFile::ALL {
-        let file = d.file(which);
+    for (which, file) in d.present() {
         let mut h = ContentHasher::new();
         let mut blocks = BlockSums::with_block(checksum::DOC_BLOCK);
         let mut scanned = Report::default();
@@ -286,13 +285,16 @@ fn check_documents(entry: &ShardEntry, d: &DocFiles, report: &mut Report) {
         .unwrap_or_default();
     if format::format_hash(h.finish()) != want {
         report.problems.push(report_problem(
-            d.file(DocFile::Ids).path(),
+            d.file(DocFile::Docs).path(),
             format!(
                 "the document files of this shard (.ids .idx .meta .docs) do not hash \
                  to the manifest's {want}: one changed after packing; re-run \
                  `shufflefs pack`"
             ),
         ));
+    }
+    if d.is_compact() {
+        return;
     }
     let offsets: Vec<u64> = index
         .chunks_exact(8)
@@ -377,7 +379,7 @@ fn write_checksums(dataset: &Dataset, sums: &[Option<Vec<u64>>]) -> Result<u64> 
             ));
         }
     }
-    updated.version = VERSION;
+    updated.version = format::version_for(&updated.shards);
     updated.content_hash = updated.expected_content_hash();
     let path = dir.join(MANIFEST);
     let tmp = dir.join(format!("{MANIFEST}.tmp"));

@@ -1,7 +1,8 @@
 //! `shufflefs pack DATASET_DIR INPUT... [--dtype T] [--shard-size S] [--doc-sep TOKEN]`
 
-use crate::cli::PackArgs;
+use crate::cli::{MegatronUnitArg, PackArgs};
 use crate::error::Result;
+use crate::pack::formats::megatron::Unit;
 use crate::pack::{PackOptions, pack, pack_in_place};
 
 /// Runs `pack`.
@@ -11,6 +12,12 @@ pub(crate) fn run(args: PackArgs) -> Result<()> {
         shard_size: args.shard_size,
         force: args.force,
         doc_sep: args.doc_sep,
+        doc_start: args.doc_start,
+        megatron_unit: match args.megatron_unit {
+            MegatronUnitArg::Document => Unit::Document,
+            MegatronUnitArg::Sequence => Unit::Sequence,
+        },
+        tokens_field: args.tokens_field,
         progress: !args.no_progress,
         max_entries_per_shard: None,
     };

@@ -17,6 +17,7 @@
 //! the spans whenever the spans can be read, and nothing read that way is ever served.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -32,48 +33,56 @@ use crate::format::docfiles::{
 /// The document and metadata files of one shard (`format::ShardDocs`).
 #[derive(Debug)]
 pub struct DocFiles {
-    /// The four files, in the order of [`DocFile::ALL`].
-    files: [Shard; 4],
-    /// Number of entries.
+    /// The files, in the order of [`DocFile::ALL`]: all four, or (compact form) the docs file
+    /// alone.
+    files: [Option<Shard>; 4],
+    /// Number of entries (0 in the compact form).
     pub(crate) entries: u64,
     /// Number of documents starting in the shard.
     pub(crate) documents: u64,
-    /// The block checksums of the four files, when the manifest lists them.
+    /// The block checksums of the files, when the manifest lists them.
     pub(crate) sums: Option<DocSums>,
+    /// Compact form: the first record of every [`FENCE`]-th document of the shard, read once
+    /// on first use (the whole docs file, checked), so that finding a record's document is
+    /// one search in memory and one read of at most [`FENCE`] records.
+    fence: Mutex<Option<Arc<Vec<u64>>>>,
 }
+
+/// Documents per fence post of a compact docs file (8 bytes of memory per 256 documents).
+const FENCE: u64 = 256;
 
 /// The checksum file of a shard's document files.
 #[derive(Debug)]
 pub(crate) struct DocSums {
-    /// The file: the checksums of the four files, one after the other.
+    /// The file: the checksums of the files, one after the other.
     pub(crate) file: Shard,
-    /// The index of the first checksum of each of the four files.
+    /// The index of the first checksum of each of the four files (absent files have none).
     bases: [u64; 4],
 }
 
 impl DocSums {
     /// The checksum file `file` of the document files `files`.
-    pub(crate) fn new(file: Shard, files: &[Shard; 4]) -> DocSums {
+    pub(crate) fn new(file: Shard, files: &[Option<Shard>; 4]) -> DocSums {
         let mut bases = [0u64; 4];
         let mut total = 0u64;
         for (base, f) in bases.iter_mut().zip(files) {
             *base = total;
-            total += f.len().div_ceil(DOC_BLOCK);
+            total += f.as_ref().map_or(0, |f| f.len().div_ceil(DOC_BLOCK));
         }
         DocSums { file, bases }
     }
 
-    /// The size of the checksum file of document files of these sizes.
+    /// The size of the checksum file of document files of these sizes (0 for an absent one).
     pub(crate) fn file_len(lens: [u64; 4]) -> u64 {
         lens.iter().map(|len| len.div_ceil(DOC_BLOCK)).sum::<u64>() * 8
     }
 }
 
 impl DocFiles {
-    /// The document files `files` (in the order of [`DocFile::ALL`]) of a shard with
-    /// `entries` entries and `documents` documents.
+    /// The document files `files` (in the order of [`DocFile::ALL`]; the docs file alone in
+    /// the compact form) of a shard with `entries` entries and `documents` documents.
     pub(crate) fn new(
-        files: [Shard; 4],
+        files: [Option<Shard>; 4],
         entries: u64,
         documents: u64,
         sums: Option<DocSums>,
@@ -83,12 +92,29 @@ impl DocFiles {
             entries,
             documents,
             sums,
+            fence: Mutex::new(None),
         }
     }
 
-    /// One of the four files.
+    /// Whether the shard has the compact form (the docs file only).
+    pub(crate) fn is_compact(&self) -> bool {
+        self.files[DocFile::Ids.index()].is_none()
+    }
+
+    /// One of the files; in the compact form only [`DocFile::Docs`] exists (the callers
+    /// of the others are on the full form's paths).
     pub(crate) fn file(&self, which: DocFile) -> &Shard {
-        &self.files[which.index()]
+        self.files[which.index()]
+            .as_ref()
+            .expect("the full form's files are read only in the full form")
+    }
+
+    /// The files present, in the order of [`DocFile::ALL`].
+    pub(crate) fn present(&self) -> impl Iterator<Item = (DocFile, &Shard)> {
+        DocFile::ALL
+            .into_iter()
+            .zip(&self.files)
+            .filter_map(|(w, f)| f.as_ref().map(|f| (w, f)))
     }
 
     /// Reads `buf.len()` bytes of document file `which` at `offset`, checked against its
@@ -107,7 +133,7 @@ impl DocFiles {
 
     /// See [`Shard::wrap_sources`].
     pub(super) fn wrap_sources(&mut self, wrap: &Wrap<'_>) {
-        for f in &mut self.files {
+        for f in self.files.iter_mut().flatten() {
             f.wrap_sources(wrap);
         }
         if let Some(s) = self.sums.as_mut() {
@@ -259,6 +285,15 @@ struct Run<M> {
     entry: u64,
     meta: M,
 }
+
+/// The metadata of every document of a dataset without metadata (compact document files).
+const NULL_META: MetaRead<'static> = MetaRead {
+    text: b"null",
+    json: Some(RawValue::NULL),
+};
+
+/// Document records read at a time when walking the documents of a range (compact form).
+const WALK: u64 = 16;
 
 /// The error of document files that contradict what `pack` writes.
 fn corrupt(path: &Path, what: impl Into<String>) -> Error {
@@ -438,6 +473,21 @@ impl Dataset {
         read: DocRead,
         meta_of: impl Fn(&MetaRead<'_>) -> M,
     ) -> Result<Vec<Run<M>>> {
+        if self.compact_documents() {
+            let meta = meta_of(&NULL_META);
+            return Ok(self
+                .compact_runs(record, count, read)?
+                .into_iter()
+                .map(|(start, end, doc)| Run {
+                    start,
+                    end,
+                    doc,
+                    entry: doc,
+                    meta: meta_of(&NULL_META),
+                })
+                .inspect(|r| debug_assert!(r.meta == meta))
+                .collect());
+        }
         let mut out: Vec<Run<M>> = Vec::new();
         let mut pos = record;
         let end = record + count;
@@ -526,8 +576,6 @@ impl Dataset {
         d.read_at(DocFile::Docs, &mut raw, first * DOC_RECORD, read)?;
         let record = |l: u64| DocRecord::decode(&raw[((l - first) * DOC_RECORD) as usize..]);
         let DocRecord { start, len, entry } = record(local);
-        let entry = u32::try_from(entry)
-            .map_err(|_| corrupt(docs_path(), "document entry out of range"))?;
         let end = start
             .checked_add(len)
             .filter(|&e| e <= self.n_records())
@@ -551,8 +599,13 @@ impl Dataset {
                 format!("document {doc} at records [{start}, {end}) does not fit its place"),
             ));
         }
+        if d.is_compact() {
+            return Ok((start, len, meta_of(&NULL_META)));
+        }
         // Its entry (and the one before, in the same two reads) is the document's own: it
         // names the document, and pack stores it before any other entry of the document.
+        let entry = u32::try_from(entry)
+            .map_err(|_| corrupt(docs_path(), "document entry out of range"))?;
         let lo = entry.saturating_sub(1);
         let (offsets, data) = self.read_entries(d, lo, entry, read)?;
         let (owner, _, meta) = self.entry(d, (&offsets, &data), lo, entry, read)?;
@@ -568,6 +621,184 @@ impl Dataset {
             ));
         }
         Ok((start, len, meta_of(&meta)))
+    }
+}
+
+/// The compact form (`format::ShardDocs::is_compact`): each record's document is found from
+/// the docs records alone. Documents tile the stream: each is listed by the shard where it
+/// starts, starts where the one before it ends, and has at least one record; the first
+/// starts at record 0 and the last ends at the end of the stream. Every read checks what it
+/// relies on, so damaged files give an error naming them, never a wrong document.
+impl Dataset {
+    /// Whether the dataset's document files have the compact form.
+    pub(crate) fn compact_documents(&self) -> bool {
+        self.shards
+            .first()
+            .and_then(Shard::docs)
+            .is_some_and(DocFiles::is_compact)
+    }
+
+    /// The docs files of shard `index`.
+    fn docs_of(&self, index: usize) -> Result<&DocFiles> {
+        self.shards[index]
+            .docs()
+            .ok_or_else(|| Error::invalid("the dataset has no documents"))
+    }
+
+    /// Reads `n` docs records of shard `index` from its local document `first`, each checked to
+    /// lie in the shard (it starts there and has records, ending inside the stream).
+    fn read_doc_records(
+        &self,
+        index: usize,
+        first: u64,
+        n: u64,
+        read: DocRead,
+    ) -> Result<Vec<DocRecord>> {
+        let d = self.docs_of(index)?;
+        let mut raw = vec![0u8; (n * DOC_RECORD) as usize];
+        d.read_at(DocFile::Docs, &mut raw, first * DOC_RECORD, read)?;
+        let (shard_first, shard_end) = self.shard_records(index);
+        let records: Vec<DocRecord> = raw
+            .chunks_exact(DOC_RECORD as usize)
+            .map(DocRecord::decode)
+            .collect();
+        for (k, r) in records.iter().enumerate() {
+            // A document starts in the shard that lists it; pack may list one starting
+            // exactly at the shard's end there (it began a new shard for its entries).
+            let fits = r.len > 0
+                && (shard_first..=shard_end).contains(&r.start)
+                && r.start
+                    .checked_add(r.len)
+                    .is_some_and(|e| e <= self.n_records());
+            if !fits {
+                let doc = self.doc_ends[index] - d.documents + first + k as u64;
+                return Err(corrupt(
+                    d.file(DocFile::Docs).path(),
+                    format!(
+                        "document {doc} at records [{}, +{}) is not inside its shard's records                          [{shard_first}, {shard_end})",
+                        r.start, r.len
+                    ),
+                ));
+            }
+        }
+        Ok(records)
+    }
+
+    /// The first record of every [`FENCE`]-th document of shard `index`: the whole docs file
+    /// read once, in blocks, and checked (documents in order, each ending where the next
+    /// starts).
+    fn fence(&self, index: usize, read: DocRead) -> Result<Arc<Vec<u64>>> {
+        let d = self.docs_of(index)?;
+        if let Some(f) = d.fence.lock().expect("fence lock").as_ref() {
+            return Ok(f.clone());
+        }
+        const BLOCK: u64 = 1 << 15;
+        let mut fence = Vec::with_capacity(d.documents.div_ceil(FENCE) as usize);
+        let mut prev_end: Option<u64> = None;
+        let mut first = 0u64;
+        while first < d.documents {
+            let n = BLOCK.min(d.documents - first);
+            let records = self.read_doc_records(index, first, n, read)?;
+            for (k, r) in records.iter().enumerate() {
+                let local = first + k as u64;
+                if prev_end.is_some_and(|e| e != r.start) {
+                    return Err(corrupt(
+                        d.file(DocFile::Docs).path(),
+                        format!("local document {local} does not start where the one before ends"),
+                    ));
+                }
+                prev_end = Some(r.start + r.len);
+                if local.is_multiple_of(FENCE) {
+                    fence.push(r.start);
+                }
+            }
+            first += n;
+        }
+        let fence = Arc::new(fence);
+        // Built from checked reads only: a fence from unchecked bytes is not kept.
+        if read == DocRead::Checked || d.sums.is_none() {
+            *d.fence.lock().expect("fence lock") = Some(fence.clone());
+        }
+        Ok(fence)
+    }
+
+    /// How many documents of shard `index` start at or before `record`.
+    fn starts_at_or_before(&self, index: usize, record: u64, read: DocRead) -> Result<u64> {
+        let d = self.docs_of(index)?;
+        if d.documents == 0 {
+            return Ok(0);
+        }
+        let fence = self.fence(index, read)?;
+        let posts = fence.partition_point(|&s| s <= record) as u64;
+        let Some(block) = posts.checked_sub(1) else {
+            return Ok(0);
+        };
+        let first = block * FENCE;
+        let n = FENCE.min(d.documents - first);
+        let records = self.read_doc_records(index, first, n, read)?;
+        if records[0].start != fence[block as usize] {
+            return Err(corrupt(
+                d.file(DocFile::Docs).path(),
+                "the docs file changed while mounted",
+            ));
+        }
+        Ok(first + records.partition_point(|r| r.start <= record) as u64)
+    }
+
+    /// The documents of records `[record, record + count)`: `(start, end, document)` with
+    /// `start`, `end` relative to `record`, in order, tiling the range.
+    fn compact_runs(&self, record: u64, count: u64, read: DocRead) -> Result<Vec<(u64, u64, u64)>> {
+        let end = record + count;
+        let mut out = Vec::new();
+        if count == 0 {
+            return Ok(out);
+        }
+        let (index, _, _) = self.shard_of_record(record);
+        let d = self.docs_of(index)?;
+        let before = self.doc_ends[index] - d.documents;
+        let started = before + self.starts_at_or_before(index, record, read)?;
+        let Some(mut doc) = started.checked_sub(1) else {
+            return Err(corrupt(
+                d.file(DocFile::Docs).path(),
+                format!("record {record} is before the first document"),
+            ));
+        };
+        let mut pos = record;
+        while pos < end {
+            let Some(shard) = self.shard_of_document(doc) else {
+                return Err(corrupt(
+                    self.docs_of(self.shards.len() - 1)?
+                        .file(DocFile::Docs)
+                        .path(),
+                    format!("the documents end before record {pos}"),
+                ));
+            };
+            let ds = self.docs_of(shard)?;
+            let local = doc - (self.doc_ends[shard] - ds.documents);
+            let n = WALK.min(ds.documents - local);
+            for r in self.read_doc_records(shard, local, n, read)? {
+                let doc_end = r.start + r.len;
+                // The first document holds `record`; each next one starts where the one
+                // before ended.
+                if r.start > pos || doc_end <= pos {
+                    return Err(corrupt(
+                        ds.file(DocFile::Docs).path(),
+                        format!(
+                            "document {doc} at records [{}, {doc_end}) does not hold record {pos}",
+                            r.start
+                        ),
+                    ));
+                }
+                let stop = doc_end.min(end);
+                out.push((pos - record, stop - record, doc));
+                pos = stop;
+                doc += 1;
+                if pos >= end {
+                    break;
+                }
+            }
+        }
+        Ok(out)
     }
 }
 

@@ -63,9 +63,9 @@ fn listed_files(manifest: &Manifest) -> usize {
         .iter()
         .map(|s| {
             1 + usize::from(s.checksums.is_some())
-                + s.docs
-                    .as_ref()
-                    .map_or(0, |d| 4 + usize::from(d.checksums.is_some()))
+                + s.docs.as_ref().map_or(0, |d| {
+                    d.names().iter().flatten().count() + usize::from(d.checksums.is_some())
+                })
         })
         .sum()
 }
@@ -146,21 +146,23 @@ fn open_docs(
         let kind = CorruptKind::Manifest("document file sizes overflow".into());
         return Err(Error::dataset(dir.join(MANIFEST), kind));
     };
-    let mut opened = Vec::with_capacity(DocFile::ALL.len());
-    for which in DocFile::ALL {
-        let (name, want) = match which {
-            DocFile::Ids => (&d.ids, ids),
-            DocFile::Index => (&d.index, index),
-            DocFile::Meta => (&d.meta, d.meta_bytes),
-            DocFile::Docs => (&d.docs, docs),
+    let mut docfiles: [Option<Shard>; 4] = [None, None, None, None];
+    for (which, name) in DocFile::ALL.into_iter().zip(d.names()) {
+        let Some(name) = name else { continue };
+        let want = match which {
+            DocFile::Ids => ids,
+            DocFile::Index => index,
+            DocFile::Meta => d.meta_bytes,
+            DocFile::Docs => docs,
         };
-        opened.push(open_file(dir, files, name, want)?);
+        docfiles[which.index()] = Some(open_file(dir, files, name, want)?);
     }
-    let docfiles: [Shard; 4] = opened.try_into().expect("four files");
     let sums = match &d.checksums {
         None => None,
         Some(c) => {
-            let lens = docfiles.each_ref().map(Shard::len);
+            let lens = docfiles
+                .each_ref()
+                .map(|f| f.as_ref().map_or(0, Shard::len));
             let file = open_file(dir, files, &c.file, DocSums::file_len(lens))?;
             Some(DocSums::new(file.bound_to(hash(&c.hash)), &docfiles))
         }

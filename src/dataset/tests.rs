@@ -86,8 +86,8 @@ fn a_fifo_or_directory_in_place_of_a_listed_file_is_refused_without_blocking() {
     let docs = manifest.shards[1].docs.clone().unwrap();
     for (name, make_fifo) in [
         (manifest.shards[0].path.clone(), true),
-        (docs.meta.clone(), true),
-        (docs.ids.clone(), false),
+        (docs.meta.clone().unwrap(), true),
+        (docs.ids.clone().unwrap(), false),
     ] {
         let path = ds.join(&name);
         let saved = std::fs::read(&path).unwrap();
@@ -244,19 +244,19 @@ fn same_size_damage_to_document_files_fails_the_read() {
         ),
         (
             "an entry naming a document past the end",
-            shard(k).meta,
+            shard(k).meta.unwrap(),
             Box::new(|b| put(b, 0, 1 << 40)),
             "document out of range",
         ),
         (
             "an entry offset near u64::MAX (overflowed the check)",
-            shard(k).index,
+            shard(k).index.unwrap(),
             Box::new(|b| put(b, 0, u64::MAX - 7)),
             "entry offsets",
         ),
         (
             "the first entry offset not 0",
-            shard(k).index,
+            shard(k).index.unwrap(),
             Box::new(|b| put(b, 0, 1)),
             "entry offsets",
         ),
@@ -280,7 +280,7 @@ fn same_size_damage_to_document_files_fails_the_read() {
     }
     // Damage only a whole pass over the stream's metadata can see.
     let offsets = |k: usize| -> Vec<usize> {
-        let idx = std::fs::read(ds.join(shard(k).index)).unwrap();
+        let idx = std::fs::read(ds.join(shard(k).index.unwrap())).unwrap();
         idx.chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
             .collect()
@@ -289,7 +289,7 @@ fn same_size_damage_to_document_files_fails_the_read() {
     let whole: Vec<Damage<'_>> = vec![
         (
             "ids jumping to an entry of a document two or more away",
-            shard(k).ids,
+            shard(k).ids.unwrap(),
             Box::new(|b| {
                 let last = b.len() - 4;
                 b.copy_within(0..4, last);
@@ -298,7 +298,7 @@ fn same_size_damage_to_document_files_fails_the_read() {
         ),
         (
             "every entry numbered 0",
-            shard(k).meta,
+            shard(k).meta.unwrap(),
             Box::new(move |b| {
                 for &at in &idx[..idx.len() - 1] {
                     b[at + 8..at + 16].fill(0);
@@ -309,7 +309,7 @@ fn same_size_damage_to_document_files_fails_the_read() {
         (
             "metadata text with a trailing space",
             (0..manifest.shards.len())
-                .map(|j| shard(j).meta)
+                .map(|j| shard(j).meta.unwrap())
                 .find(|m| {
                     let b = std::fs::read(ds.join(m)).unwrap();
                     b.windows(5).any(|w| w == b"\"s\": ")
@@ -364,7 +364,15 @@ fn document_files_swapped_with_their_checksum_files_are_refused() {
         let s = &manifest.shards[k];
         let d = s.docs.as_ref().unwrap();
         let c = d.checksums.as_ref().unwrap();
-        [&s.path, &d.ids, &d.index, &d.meta, &d.docs, &c.file].map(|n| ds.join(n))
+        [
+            &s.path,
+            d.ids.as_ref().unwrap(),
+            d.index.as_ref().unwrap(),
+            d.meta.as_ref().unwrap(),
+            &d.docs,
+            &c.file,
+        ]
+        .map(|n| ds.join(n))
     };
     for (a, b) in files(1).iter().zip(files(2).iter()) {
         assert_eq!(

@@ -60,7 +60,7 @@ fn is_zero(n: &u64) -> bool {
 
 /// The values of `ShardEntry::source_format`: headerless records, a numpy `.npy`, an llm.c
 /// shard.
-pub(crate) const SOURCE_FORMATS: [&str; 3] = ["raw", "npy", "llmc"];
+pub(crate) const SOURCE_FORMATS: [&str; 5] = ["raw", "npy", "llmc", "megatron", "datatrove"];
 
 /// A shard's checksum file (see `checksum.rs` and docs/FORMAT.md).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,39 +76,64 @@ pub struct ShardChecksums {
 
 /// Per-shard document and metadata files (see docs/FORMAT.md):
 ///
+/// - `docs`: one 24-byte record per document that starts in this shard: first record (u64,
+///   stream-global), length in records (u64), and its document entry (u64, shard-local);
 /// - `ids`: one little-endian u32 per record of the shard: the shard-local metadata entry
 ///   the record belongs to;
 /// - `index`: `entries + 1` little-endian u64 offsets into `meta` (entry `k` is bytes
 ///   `[index[k], index[k+1])`);
 /// - `meta`: the entries, each `doc` (u64 LE), `span` (u64 LE, the dataset-wide entry number)
-///   and the metadata as JSON text (`null` where there is none);
-/// - `docs`: one 24-byte record per document that starts in this shard: first record (u64,
-///   stream-global), length in records (u64), and its document entry (u64, shard-local).
+///   and the metadata as JSON text (`null` where there is none).
+///
+/// A dataset without metadata (version 5) has the *compact* form: the `docs` file only
+/// (O(documents) bytes; `ids`, `index` and `meta` absent, `entries` and `meta_bytes` 0, the
+/// records' entry field unused). Each record's document is then found from the `docs`
+/// records, and every document's metadata is `null`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ShardDocs {
-    /// The ids file name.
-    pub ids: String,
-    /// The entry index file name.
-    pub index: String,
-    /// The entry data file name.
-    pub meta: String,
-    /// Number of metadata entries in this shard (`<= 2^32`).
+    /// The ids file name (absent in the compact form).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ids: Option<String>,
+    /// The entry index file name (absent in the compact form).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<String>,
+    /// The entry data file name (absent in the compact form).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<String>,
+    /// Number of metadata entries in this shard (`<= 2^32`; 0 in the compact form).
     pub entries: u64,
-    /// Size of the entry data file.
+    /// Size of the entry data file (0 in the compact form).
     pub meta_bytes: u64,
     /// The documents file name.
     pub docs: String,
     /// Number of documents that start in this shard.
     pub documents: u64,
-    /// Content hash of the four files: `ContentHasher` over the little-endian u64 content
-    /// hashes of ids, index, meta and docs, in that order.
+    /// Content hash of the files: `ContentHasher` over the little-endian u64 content hashes
+    /// of ids, index, meta and docs, in that order (of docs alone in the compact form).
     pub hash: String,
-    /// Block checksums of the four files (version 3; optional): one file holding the
-    /// checksums of ids, index, meta and docs, in that order, in blocks of
-    /// `format::checksum::DOC_BLOCK` bytes.
+    /// Block checksums of the files (version 3; optional): one file holding the checksums
+    /// of ids, index, meta and docs (docs alone in the compact form), in that order, in
+    /// blocks of `format::checksum::DOC_BLOCK` bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checksums: Option<ShardChecksums>,
+}
+
+impl ShardDocs {
+    /// Whether this is the compact form (the `docs` file only).
+    pub fn is_compact(&self) -> bool {
+        self.ids.is_none()
+    }
+
+    /// The listed file names, in the order of `DocFile::ALL` (`None` where absent).
+    pub(crate) fn names(&self) -> [Option<&str>; 4] {
+        [
+            self.ids.as_deref(),
+            self.index.as_deref(),
+            self.meta.as_deref(),
+            Some(self.docs.as_str()),
+        ]
+    }
 }
 
 /// The parsed `manifest.json`.
@@ -173,10 +198,10 @@ impl Manifest {
         let mut h = ContentHasher::new();
         // The version is part of the identity, so an edited version is refused rather than
         // opened under a new fingerprint.
-        h.update(if self.version >= 4 {
-            b"shufflefs-dataset-v4"
-        } else {
-            b"shufflefs-dataset-v3"
+        h.update(match self.version {
+            5.. => b"shufflefs-dataset-v5",
+            4 => b"shufflefs-dataset-v4",
+            _ => b"shufflefs-dataset-v3",
         });
         h.update(self.dtype.as_bytes());
         h.update(&[0, u8::from(self.metadata)]);

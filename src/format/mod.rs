@@ -64,8 +64,20 @@ pub(crate) const FORMAT_NAME: &str = "shufflefs-dataset";
 /// misread; readers refuse versions they do not know with a message saying what to do.
 /// Version 3 added per-shard block checksums (`checksums`); version 4 identifies in-place
 /// shards by their content (`sampled_identity`) and stores their paths relative to the
-/// dataset directory where they are inside it, with an `in_place_guard`.
-pub const VERSION: u32 = 4;
+/// dataset directory where they are inside it, with an `in_place_guard`; version 5 adds the
+/// compact document form (`ShardDocs::is_compact`). `pack` writes the oldest version that
+/// can express a dataset ([`version_for`]): 5 only with compact documents, so older readers
+/// keep reading everything else.
+pub const VERSION: u32 = 5;
+
+/// The version `pack` writes for a dataset with these shards: 5 when a shard has compact
+/// documents, else 4.
+pub(crate) fn version_for(shards: &[ShardEntry]) -> u32 {
+    let compact = shards
+        .iter()
+        .any(|s| s.docs.as_ref().is_some_and(ShardDocs::is_compact));
+    if compact { 5 } else { 4 }
+}
 
 /// The oldest manifest version this build reads: a version 2 manifest is a version 3 one
 /// without checksums; versions 2 and 3 identify an in-place shard by its absolute path, size

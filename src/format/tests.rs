@@ -108,7 +108,7 @@ fn rejects_inconsistent_manifests() {
     check(&|m| m.shards[0].path = "a/b".into(), "plain file name");
     check(&|m| m.shards[0].hash = "zz".into(), "hex");
     check(&|m| m.shards[0].hash = format_hash(9), "content_hash");
-    check(&|m| m.version = 5, "version 5");
+    check(&|m| m.version = 6, "version 6");
     let sums = |file: &str| ShardChecksums {
         file: file.into(),
         block: checksum::BLOCK,
@@ -197,9 +197,9 @@ fn with_docs() -> Manifest {
                 bytes: 8,
                 hash: format_hash(k as u64),
                 docs: Some(ShardDocs {
-                    ids: format!("{stem}.ids"),
-                    index: format!("{stem}.idx"),
-                    meta: format!("{stem}.meta"),
+                    ids: Some(format!("{stem}.ids")),
+                    index: Some(format!("{stem}.idx")),
+                    meta: Some(format!("{stem}.meta")),
                     entries: 1,
                     meta_bytes: 20,
                     docs: format!("{stem}.docs"),
@@ -250,7 +250,7 @@ fn names_cannot_point_at_another_listed_file_or_be_swapped() {
     };
     let docs = |m: &mut Manifest, k: usize| m.shards[k].docs.clone().unwrap();
     check(
-        &|m| m.shards[1].path = docs(m, 0).ids,
+        &|m| m.shards[1].path = docs(m, 0).ids.unwrap(),
         "shards[1].path \"shard-0123abcd-00000.ids\" is also shards[0].docs.ids",
     );
     check(
@@ -277,14 +277,14 @@ fn names_cannot_point_at_another_listed_file_or_be_swapped() {
         "shards[0].docs.ids \"shard-0123abcd-00002.ids\" is not named after its shard",
     );
     check(
-        &|m| m.shards[1].docs.as_mut().unwrap().index = "shard-0123abcd-00001.meta2".into(),
+        &|m| m.shards[1].docs.as_mut().unwrap().index = Some("shard-0123abcd-00001.meta2".into()),
         "shards[1].docs.index",
     );
     // Names of another form are the writer's business, but must still be distinct.
     let mut m = with_docs();
     m.shards[0].path = "first.bin".into();
     m.shards[1].path = "shard-0123abcd-000001.bin".into();
-    m.shards[1].docs.as_mut().unwrap().ids = "any.ids".into();
+    m.shards[1].docs.as_mut().unwrap().ids = Some("any.ids".into());
     Manifest::parse(&m.to_bytes(), Path::new("m")).unwrap();
     assert_eq!(
         pack_shard_number("shard-0123abcd-100000.bin"),

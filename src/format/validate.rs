@@ -15,7 +15,9 @@ use super::checksum;
 use super::docfiles::DocFile;
 use super::dtype::RecordType;
 use super::hash::{in_place_hash, parse_hash};
-use super::manifest::{Manifest, SOURCE_FORMATS, ShardChecksums, ShardEntry, pack_shard_number};
+use super::manifest::{
+    Manifest, SOURCE_FORMATS, ShardChecksums, ShardDocs, ShardEntry, pack_shard_number,
+};
 use super::{FORMAT_NAME, MANIFEST, MIN_VERSION, VERSION};
 use crate::error::{CorruptKind, Error, Result};
 
@@ -100,8 +102,8 @@ impl Manifest {
     fn check_shard(&self, i: usize, shard: &ShardEntry) -> Invalid {
         match shard.in_place_mtime_ns {
             None => check_shard_path(&shard.path),
-            Some(_) if shard.docs.is_some() => {
-                Err("an in-place shard cannot have document files".to_string())
+            Some(_) if shard.docs.as_ref().is_some_and(|d| !d.is_compact()) => {
+                Err("an in-place shard can only have compact document files".to_string())
             }
             Some(_) if self.version >= 4 => check_in_place_path(&shard.path),
             Some(_) if Path::new(&shard.path).is_absolute() => Ok(()),
@@ -225,18 +227,44 @@ impl Manifest {
         if self.documents.is_none() && self.metadata {
             return Err("metadata is true but the dataset has no documents".into());
         }
+        let compact = self
+            .shards
+            .iter()
+            .filter(|s| s.docs.as_ref().is_some_and(ShardDocs::is_compact))
+            .count();
+        if compact > 0 && compact != with_docs {
+            return Err("some shards have compact document files and others not".into());
+        }
+        if compact > 0 && self.version < 5 {
+            return Err(format!(
+                "compact document files need version 5, but version is {}",
+                self.version
+            ));
+        }
+        if compact > 0 && self.metadata {
+            return Err("metadata is true but the document files are compact".into());
+        }
         let mut docs_total: u64 = 0;
         for (i, shard) in self.shards.iter().enumerate() {
             let Some(d) = &shard.docs else { continue };
-            for (field, name) in [
-                ("ids", &d.ids),
-                ("index", &d.index),
-                ("meta", &d.meta),
-                ("docs", &d.docs),
-            ] {
-                check_shard_path(name).map_err(|e| format!("shards[{i}].docs.{field}: {e}"))?;
+            let partial =
+                d.ids.is_some() != d.index.is_some() || d.ids.is_some() != d.meta.is_some();
+            if partial {
+                return Err(format!(
+                    "shards[{i}].docs lists some of ids, index and meta but not all"
+                ));
             }
-            if d.entries == 0 || d.entries > 1 << 32 {
+            for (field, name) in ["ids", "index", "meta", "docs"].into_iter().zip(d.names()) {
+                if let Some(name) = name {
+                    check_shard_path(name).map_err(|e| format!("shards[{i}].docs.{field}: {e}"))?;
+                }
+            }
+            let entries_ok = if d.is_compact() {
+                d.entries == 0 && d.meta_bytes == 0
+            } else {
+                d.entries > 0 && d.entries <= 1 << 32
+            };
+            if !entries_ok {
                 return Err(format!(
                     "shards[{i}].docs.entries {} is out of range",
                     d.entries
@@ -278,9 +306,10 @@ impl Manifest {
             let docs = shard.docs.as_ref();
             let names = [
                 Some(("path", &shard.path)),
-                docs.map(|d| ("docs.ids", &d.ids)),
-                docs.map(|d| ("docs.index", &d.index)),
-                docs.map(|d| ("docs.meta", &d.meta)),
+                docs.and_then(|d| d.ids.as_ref()).map(|n| ("docs.ids", n)),
+                docs.and_then(|d| d.index.as_ref())
+                    .map(|n| ("docs.index", n)),
+                docs.and_then(|d| d.meta.as_ref()).map(|n| ("docs.meta", n)),
                 docs.map(|d| ("docs.docs", &d.docs)),
                 shard
                     .checksums
@@ -309,7 +338,12 @@ impl Manifest {
                     shard.path
                 ));
             }
-            for ((field, name), file) in names[1..5].iter().flatten().zip(DocFile::ALL) {
+            let present = docs.map_or([None; 4], |d| d.names());
+            let files = DocFile::ALL
+                .into_iter()
+                .zip(present)
+                .filter(|(_, n)| n.is_some());
+            for ((field, name), (file, _)) in names[1..5].iter().flatten().zip(files) {
                 let ext = file.ext();
                 let named_after = name
                     .strip_prefix(stem)

@@ -4,11 +4,14 @@
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
-use super::inputs::{Input, check_inputs};
+use super::documents::{CompactDocs, Native, for_each_end, scan_rule};
+use super::formats::doc_scan::Rule;
+use super::inputs::{Input, check_inputs, expand_inputs};
 use super::{PackOptions, Written, write_manifest};
 use crate::error::{Error, Result};
+use crate::format::dtype::ScalarType;
 use crate::format::sniff::Kind;
-use crate::format::{self, MANIFEST, Manifest, ShardEntry};
+use crate::format::{self, MANIFEST, Manifest, ShardDocs, ShardEntry, shard_name};
 
 /// `shufflefs pack --in-place`: writes only a manifest that references the input files
 /// themselves as shards, without copying them (it reads 16 pages of each). The inputs get the
@@ -19,20 +22,26 @@ use crate::format::{self, MANIFEST, Manifest, ShardEntry};
 /// the fingerprint), else by its absolute path. A mount refuses a file whose content samples
 /// changed (`reference_in_place`).
 pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Manifest> {
-    if options.doc_sep.is_some() {
-        return Err(Error::invalid(
-            "--in-place cannot split documents (--doc-sep): documents need files pack writes",
-        ));
-    }
-    let (checked, record) = check_inputs(inputs, options)?;
+    let inputs = expand_inputs(inputs)?;
+    let (checked, record) = check_inputs(&inputs, options)?;
     let itemsize = record.itemsize() as u64;
+    let rule = scan_rule(options.doc_sep, options.doc_start)?;
     let mut shards = Vec::new();
     for input in checked {
-        let (input, offset, bytes, kind) = match input {
+        let (input, offset, bytes, kind, native) = match input {
             Input::Jsonl { path } => {
                 return Err(Error::invalid(format!(
-                    "{}: --in-place references token files (raw, .npy, llm.c) as they are; JSON \
-                     Lines documents need files pack writes: pack it without --in-place",
+                    "{}: --in-place references token files (raw, .npy, llm.c, Megatron, \
+                     datatrove) as they are; JSON Lines documents need files pack writes: \
+                     pack it without --in-place",
+                    path.display()
+                )));
+            }
+            Input::Table { path } => {
+                return Err(Error::invalid(format!(
+                    "{}: a table of token lists (parquet or Arrow): --in-place serves token \
+                     files as they are; pack it without --in-place (pack converts its token \
+                     column, one document per row)",
                     path.display()
                 )));
             }
@@ -41,7 +50,8 @@ pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> R
                 offset,
                 bytes,
                 kind,
-            } => (path, offset, bytes, kind),
+                native,
+            } => (path, offset, bytes, kind, native),
         };
         if bytes == 0 {
             // An input without records adds nothing (a copy skips it too).
@@ -54,11 +64,22 @@ pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> R
                 abs.display()
             )));
         }
-        shards.push((abs, offset, bytes, kind));
+        shards.push((abs, offset, bytes, kind, native));
     }
     if shards.is_empty() {
         return Err(Error::invalid("the inputs hold no tokens"));
     }
+    let with_docs = rule.is_some() || shards.iter().any(|s| s.4.source_format().is_some());
+    let scan = match (rule, record.scalar_type()) {
+        (Some(rule), Some(t)) if t.is_token_type() => Some((rule, t)),
+        (Some(_), _) => {
+            return Err(Error::invalid(format!(
+                "--doc-sep and --doc-start need integer tokens, but the records are {}",
+                record.manifest_descr()
+            )));
+        }
+        (None, _) => None,
+    };
     if dir.exists() && !dir.is_dir() {
         return Err(Error::invalid(format!(
             "{}: DATASET_DIR exists and is not a directory",
@@ -67,12 +88,6 @@ pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> R
     }
     fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let canonical_dir = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
-    let shards = shards
-        .into_iter()
-        .map(|(abs, offset, bytes, kind)| {
-            reference_in_place(&canonical_dir, &abs, (offset, bytes, itemsize), kind)
-        })
-        .collect::<Result<Vec<_>>>()?;
     if dir.join(MANIFEST).exists() && !options.force {
         return Err(Error::invalid(format!(
             "{} already holds a dataset ({MANIFEST} exists): choose another directory or \
@@ -80,12 +95,71 @@ pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> R
             dir.display()
         )));
     }
+    let mut entries = shards
+        .iter()
+        .map(|(abs, offset, bytes, kind, native)| {
+            let format = native.source_format().unwrap_or(kind.source_format());
+            reference_in_place(&canonical_dir, abs, (*offset, *bytes, itemsize), format)
+        })
+        .collect::<Result<Vec<_>>>()?;
     let mut written = Written::default();
-    let result = write_manifest(dir, shards, &record, None, false, &mut written);
+    let result = (|| {
+        let documents = if with_docs {
+            let (docs, n) = write_documents(&canonical_dir, &shards, &entries, scan, &mut written)?;
+            for (entry, d) in entries.iter_mut().zip(docs) {
+                entry.docs = Some(d);
+            }
+            Some(n)
+        } else {
+            None
+        };
+        let old = super::current_manifest(dir);
+        let manifest = write_manifest(dir, entries, &record, documents, false, &mut written)?;
+        super::remove_replaced(dir, old.as_ref(), &manifest);
+        Ok(manifest)
+    })();
     if result.is_err() {
         written.cleanup();
     }
     result
+}
+
+/// One in-place input: its canonical path, header offset, bytes, kind and own index.
+type InPlace = (PathBuf, u64, u64, Kind, Native);
+
+/// Writes the compact docs file of every shard (`documents.rs`): each input's documents,
+/// from its own index or the separator scan, never spanning inputs. Returns the shards'
+/// `ShardDocs` and the number of documents.
+fn write_documents(
+    dir: &Path,
+    shards: &[InPlace],
+    entries: &[ShardEntry],
+    scan: Option<(Rule, ScalarType)>,
+    written: &mut Written,
+) -> Result<(Vec<ShardDocs>, u64)> {
+    let pack_id = super::writer::new_pack_id();
+    let names = (0..shards.len())
+        .map(|k| {
+            let bin = shard_name(&pack_id, k);
+            format!("{}.docs", bin.trim_end_matches(".bin"))
+        })
+        .collect();
+    let records: Vec<u64> = entries.iter().map(|e| e.records).collect();
+    let mut docs = CompactDocs::new(dir, names, &records, written);
+    let mut first = 0u64;
+    for ((path, offset, _, _, native), &n) in shards.iter().zip(&records) {
+        for_each_end(native, scan, (path, *offset, n), |end| {
+            if end > n {
+                return Err(Error::invalid(format!(
+                    "{}: a document ends at token {end}, past its {n} tokens",
+                    path.display()
+                )));
+            }
+            docs.boundary(first + end)
+        })?;
+        first += n;
+    }
+    docs.finish()
 }
 
 /// The manifest entry of a file referenced in place (format version 4), its records starting
@@ -97,7 +171,7 @@ fn reference_in_place(
     dir: &Path,
     abs: &Path,
     (offset, bytes, itemsize): (u64, u64, u64),
-    kind: Kind,
+    format: &str,
 ) -> Result<ShardEntry> {
     let file = File::open(abs).map_err(|e| Error::io(abs, e))?;
     let meta = file.metadata().map_err(|e| Error::io(abs, e))?;
@@ -127,7 +201,7 @@ fn reference_in_place(
         records: bytes / itemsize,
         bytes,
         offset,
-        source_format: Some(kind.source_format().to_string()),
+        source_format: Some(format.to_string()),
         docs: None,
         in_place_mtime_ns: Some(mtime),
         checksums: None,

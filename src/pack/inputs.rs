@@ -7,23 +7,30 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::PackOptions;
+use super::documents::Native;
+use super::formats::datatrove::{self, DatatroveFile, MergedTotal};
+use super::formats::megatron::{self, MegatronIndex};
 use crate::error::{Error, Result};
-use crate::format::dtype::RecordType;
+use crate::format::dtype::{RecordType, ScalarType};
 use crate::format::npy;
 use crate::format::sniff::{self, Kind};
 
 /// One checked input.
 #[derive(Debug)]
 pub(super) enum Input {
-    /// Records at `[offset, offset + bytes)` of a raw, `.npy` or llm.c file.
+    /// Records at `[offset, offset + bytes)` of a raw, `.npy` or llm.c file, or of a token
+    /// file whose own index (`native`) gives its type and documents.
     Records {
         path: PathBuf,
         offset: u64,
         bytes: u64,
         kind: Kind,
+        native: Native,
     },
     /// A JSON Lines file of documents.
     Jsonl { path: PathBuf },
+    /// A table of token lists (parquet, Arrow), one document per row.
+    Table { path: PathBuf },
 }
 
 fn is_jsonl(path: &Path) -> bool {
@@ -75,6 +82,9 @@ fn check_input(
     if !meta.is_file() {
         return Err(at("not a regular file".into()));
     }
+    if let Some(input) = check_indexed(path, record, options)? {
+        return Ok(input);
+    }
     let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
     let len = meta.len();
     let kind = match sniff::sniff_file(path, &file, len).map_err(|e| Error::io(path, e))? {
@@ -90,20 +100,27 @@ fn check_input(
         }
     };
     match kind {
-        Kind::Jsonl => {
+        Kind::Jsonl | Kind::Table => {
+            let what = if kind == Kind::Jsonl {
+                "JSON Lines documents"
+            } else {
+                "a table of token lists"
+            };
             match record {
                 Some(r) if r.scalar_type().is_none_or(|t| !t.is_token_type()) => {
                     return Err(at(format!(
-                        "JSON Lines documents need an integer token dtype, but the dataset's \
-                         records are {}",
+                        "{what} need an integer token dtype, but the dataset's records are {}",
                         r.manifest_descr()
                     )));
                 }
                 Some(_) => {}
-                None => return Err(at("JSON Lines input needs --dtype (the token type)".into())),
+                None => return Err(at(format!("{what} need --dtype (the token type)"))),
             }
-            Ok(Input::Jsonl {
-                path: path.to_path_buf(),
+            let path = path.to_path_buf();
+            Ok(if kind == Kind::Jsonl {
+                Input::Jsonl { path }
+            } else {
+                Input::Table { path }
             })
         }
         Kind::Raw => {
@@ -134,6 +151,7 @@ fn check_input(
                 offset: 0,
                 bytes: len,
                 kind,
+                native: Native::None,
             })
         }
         Kind::Llmc {
@@ -168,6 +186,7 @@ fn check_input(
                 offset: sniff::LLMC_HEADER,
                 bytes: tokens * dtype.size() as u64,
                 kind,
+                native: Native::None,
             })
         }
         Kind::Npy => check_npy(path, &mut file, len, record),
@@ -250,5 +269,223 @@ fn check_npy(
         offset: header.data_offset,
         bytes: data_bytes,
         kind: Kind::Npy,
+        native: Native::None,
     })
+}
+
+/// A token file with its own index beside it: Megatron-LM `PREFIX.bin` with `PREFIX.idx`,
+/// datatrove `X.ds` with `X.ds.index`. The index is checked in full (O(entries), once, at
+/// pack) and gives the token type (the `.ds.metadata` for datatrove, else `--dtype`) and
+/// the documents. `None` for any other file.
+fn check_indexed(
+    path: &Path,
+    record: &mut Option<RecordType>,
+    options: &PackOptions,
+) -> Result<Option<Input>> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let (native, dtype, bytes, what) =
+        if name.ends_with(".bin") && megatron::idx_path(path).is_file() {
+            let (index, idx) = MegatronIndex::open_files(path)?;
+            index.verify(&idx)?;
+            let dtype = index.dtype();
+            let bytes = index.tokens() * dtype.size() as u64;
+            let what = format!("Megatron-LM dataset of {dtype} tokens (its .idx)");
+            let unit = options.megatron_unit;
+            (Native::Megatron(index, idx, unit), dtype, bytes, what)
+        } else if name.ends_with(".ds") && datatrove::companions(path).0.is_file() {
+            let want = record.as_ref().and_then(RecordType::scalar_type);
+            let (file, index) = DatatroveFile::open_files(path, options.dtype.or(want))?;
+            file.verify(&index)?;
+            let dtype = file.dtype();
+            let bytes = file.tokens() * dtype.size() as u64;
+            let what = format!("datatrove file of {dtype} tokens");
+            (Native::Datatrove(file, index), dtype, bytes, what)
+        } else {
+            return Ok(None);
+        };
+    agree(path, record, options.dtype, dtype, &what)?;
+    Ok(Some(Input::Records {
+        path: path.to_path_buf(),
+        offset: 0,
+        bytes,
+        kind: Kind::Raw,
+        native,
+    }))
+}
+
+/// The token type `found` that an input defines agrees with `--dtype` (`flag`) and with the
+/// dataset's record type so far (set from it when nothing defined one yet).
+fn agree(
+    path: &Path,
+    record: &mut Option<RecordType>,
+    flag: Option<ScalarType>,
+    found: ScalarType,
+    what: &str,
+) -> Result<()> {
+    let at = |msg: String| Error::invalid(format!("{}: {msg}", path.display()));
+    if let Some(flag) = flag
+        && flag != found
+    {
+        return Err(at(format!(
+            "{what} but --dtype is {flag}: leave --dtype out (the file defines the token type)"
+        )));
+    }
+    let found = RecordType::scalar(found);
+    match record {
+        None => *record = Some(found),
+        Some(want) if *want != found => {
+            return Err(at(format!(
+                "{what} but the dataset's records are {} (defined by an earlier input): pack \
+                 them into separate datasets",
+                want.manifest_descr()
+            )));
+        }
+        Some(_) => {}
+    }
+    Ok(())
+}
+
+/// The input files `inputs` stand for, in order: a directory stands for its files in name
+/// order (a Hugging Face `save_to_disk` directory for its shards in `state.json` order), a
+/// path whose last component has `*` or `?` and does not exist for its matches in name
+/// order. Companion files (`.idx` beside its `.bin`, `.ds.index`/`.ds.metadata`/`.ds.loss`
+/// beside their `.ds`, a datatrove merger's total metadata beside its parts) go with their
+/// token file when it is named too; named alone, a companion is refused by name.
+pub(super) fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in inputs {
+        if p.is_dir() {
+            if p.join("state.json").is_file() || p.join("dataset_dict.json").is_file() {
+                out.extend(super::formats::hf::disk_files(p)?);
+                continue;
+            }
+            let mut files = list_dir(p, |_| true)?;
+            files.retain(|f| !f.is_dir());
+            if files.is_empty() {
+                return Err(Error::invalid(format!(
+                    "{}: an empty directory",
+                    p.display()
+                )));
+            }
+            out.extend(files);
+        } else if !p.exists() && is_glob(p) {
+            let pattern = p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("")
+                .to_string();
+            let dir = match p.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            let files = list_dir(&dir, |name| wildcard(&pattern, name))?;
+            if files.is_empty() {
+                return Err(Error::invalid(format!("{}: no file matches", p.display())));
+            }
+            out.extend(files);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    // Companions go with their token file.
+    let named: std::collections::HashSet<PathBuf> = out.iter().cloned().collect();
+    let mut result: Vec<PathBuf> = Vec::with_capacity(out.len());
+    for p in out {
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let token_file = if name.ends_with(".idx") {
+            let bin = megatron::bin_path(&p);
+            bin.is_file().then_some(bin)
+        } else if let Some(ds) = [".ds.index", ".ds.metadata", ".ds.loss"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+        {
+            let ds = p.with_file_name(format!("{ds}.ds"));
+            if ds.is_file() {
+                Some(ds)
+            } else if let Some(total) = MergedTotal::find(&p)? {
+                // A merger's total metadata beside its named parts: checked against them.
+                if !total.parts.is_empty() && total.parts.iter().all(|part| named.contains(part)) {
+                    let tokens = total
+                        .parts
+                        .iter()
+                        .map(|part| DatatroveFile::open_files(part, None).map(|f| f.0.tokens()))
+                        .collect::<Result<Vec<u64>>>()?;
+                    total.check(&tokens)?;
+                    continue;
+                }
+                None
+            } else {
+                None
+            }
+        } else {
+            None
+        };
+        // A companion named without its token file stays, and is refused by name.
+        if !token_file.is_some_and(|t| named.contains(&t)) {
+            result.push(p);
+        }
+    }
+    Ok(result)
+}
+
+fn is_glob(p: &Path) -> bool {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.contains(['*', '?']))
+}
+
+/// The entries of `dir` whose names pass `keep`, sorted by name.
+fn list_dir(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let name = entry.file_name();
+        if let Some(n) = name.to_str()
+            && !n.starts_with('.')
+            && keep(n)
+        {
+            files.push(entry.path());
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Whether `name` matches `pattern` (`*` any run of characters, `?` one character).
+fn wildcard(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    // Iterative match with backtracking to the last `*`: O(len(p) * len(n)) at worst.
+    let (mut i, mut j, mut star, mut mark) = (0usize, 0usize, None, 0usize);
+    while j < n.len() {
+        if i < p.len() && (p[i] == '?' || p[i] == n[j]) {
+            i += 1;
+            j += 1;
+        } else if i < p.len() && p[i] == '*' {
+            star = Some(i);
+            mark = j;
+            i += 1;
+        } else if let Some(s) = star {
+            i = s + 1;
+            mark += 1;
+            j = mark;
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|&c| c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wildcard;
+
+    #[test]
+    fn wildcards_match_like_a_shell() {
+        assert!(wildcard("*.bin", "a.bin"));
+        assert!(wildcard("part-*-0000?.npy", "part-3-00001.npy"));
+        assert!(!wildcard("*.bin", "a.idx"));
+        assert!(wildcard("*", "x"));
+        assert!(!wildcard("a?c", "ac"));
+        assert!(wildcard("*_train_*.bin", "fineweb_train_000001.bin"));
+    }
 }

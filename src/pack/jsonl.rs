@@ -34,7 +34,32 @@ struct JsonSpan<'a> {
     meta: Option<&'a RawValue>,
 }
 
-pub(super) fn write_jsonl(writer: &mut Writer, path: &Path) -> Result<()> {
+/// Reads a document of a line that names its tokens `field` (`--tokens-field`): the field's
+/// list is the tokens, `meta` and `spans` are read as usual, every other field (`text`,
+/// `attention_mask`, ...) is ignored.
+fn doc_with_field<'a>(line: &'a str, field: &str) -> std::result::Result<JsonDoc<'a>, String> {
+    let mut fields: std::collections::HashMap<String, &'a RawValue> =
+        serde_json::from_str(line).map_err(|e| format!("not a valid document: {e}"))?;
+    let tokens = fields
+        .remove(field)
+        .ok_or_else(|| format!("missing {field:?} (--tokens-field {field})"))?;
+    let tokens = serde_json::from_str(tokens.get())
+        .map_err(|e| format!("{field:?} is not a list of integers: {e}"))?;
+    let meta = fields.remove("meta");
+    let spans = match fields.remove("spans") {
+        Some(raw) => {
+            serde_json::from_str(raw.get()).map_err(|e| format!("\"spans\" is not valid: {e}"))?
+        }
+        None => Vec::new(),
+    };
+    Ok(JsonDoc {
+        tokens,
+        meta,
+        spans,
+    })
+}
+
+pub(super) fn write_jsonl(writer: &mut Writer, path: &Path, field: Option<&str>) -> Result<()> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let mut reader = BufReader::with_capacity(1 << 20, file);
     let token = writer.record.token_type();
@@ -64,14 +89,26 @@ pub(super) fn write_jsonl(writer: &mut Writer, path: &Path) -> Result<()> {
                 "not a valid document: expected a JSON object {\"tokens\": [...], ...}".into(),
             ));
         }
-        let doc: JsonDoc<'_> = serde_json::from_str(&line).map_err(|e| {
-            let why = e.to_string();
-            if why.contains("missing field `tokens`") {
-                at("missing \"tokens\" (each line is {\"tokens\": [...], \"meta\": ...})".into())
-            } else {
-                at(format!("not a valid document: {why}"))
-            }
-        })?;
+        let doc: JsonDoc<'_> = match field {
+            Some(field) => doc_with_field(&line, field).map_err(at)?,
+            None => serde_json::from_str(&line).map_err(|e| {
+                let why = e.to_string();
+                if why.contains("missing field `tokens`") {
+                    at(
+                        "missing \"tokens\" (each line is {\"tokens\": [...], \"meta\": ...}; \
+                        name another field with --tokens-field, e.g. input_ids)"
+                            .into(),
+                    )
+                } else if why.contains("unknown field") {
+                    at(format!(
+                        "not a valid document: {why}; to read the tokens of a line with other \
+                         fields, name them with --tokens-field (e.g. tokens or input_ids)"
+                    ))
+                } else {
+                    at(format!("not a valid document: {why}"))
+                }
+            })?,
+        };
         if doc.tokens.is_empty() {
             return Err(at(
                 "\"tokens\" is empty: a document needs at least one token".into(),

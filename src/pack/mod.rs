@@ -34,18 +34,20 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::format::dtype::{RecordType, ScalarType};
-use crate::format::{FORMAT_NAME, MANIFEST, Manifest, ShardEntry, VERSION};
+use crate::format::{FORMAT_NAME, MANIFEST, Manifest, ShardEntry, version_for};
 
+mod documents;
 pub mod formats;
 mod in_place;
 mod inputs;
 mod jsonl;
 mod writer;
 
+use documents::{for_each_end, scan_rule};
 pub use in_place::pack_in_place;
-use inputs::{Input, check_inputs};
+use inputs::{Input, check_inputs, expand_inputs};
 use jsonl::write_jsonl;
-use writer::{Writer, write_records_file};
+use writer::{Split, Writer, write_records_file};
 
 /// Default shard size bound: 1 GiB.
 pub(crate) const DEFAULT_SHARD_SIZE: u64 = 1 << 30;
@@ -69,6 +71,13 @@ pub struct PackOptions {
     pub force: bool,
     /// End a document after every record whose token equals this value.
     pub doc_sep: Option<i128>,
+    /// Start a document at every record whose token equals this value (`--in-place`).
+    pub doc_start: Option<i128>,
+    /// What a document of a Megatron-LM input is.
+    pub megatron_unit: formats::megatron::Unit,
+    /// The token column of HF tables and the token field of JSON Lines (default: `input_ids`,
+    /// then `tokens`).
+    pub tokens_field: Option<String>,
     /// Show a progress bar on stderr when it is a terminal.
     pub progress: bool,
     /// Metadata entries per shard before pack starts a new shard (default and maximum 2^32,
@@ -83,6 +92,9 @@ impl Default for PackOptions {
             shard_size: DEFAULT_SHARD_SIZE,
             force: false,
             doc_sep: None,
+            doc_start: None,
+            megatron_unit: formats::megatron::Unit::Document,
+            tokens_field: None,
             progress: false,
             max_entries_per_shard: None,
         }
@@ -105,7 +117,8 @@ impl Written {
 
 /// Packs `inputs` into `dir`. Returns the manifest written.
 pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Manifest> {
-    let (checked, record) = check_inputs(inputs, options)?;
+    let inputs = expand_inputs(inputs)?;
+    let (checked, record) = check_inputs(&inputs, options)?;
     let itemsize = record.itemsize() as u64;
     let shard_records = options.shard_size / itemsize;
     if shard_records == 0 {
@@ -125,8 +138,12 @@ pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Man
             record.token_type()
         )));
     }
-    let has_docs =
-        options.doc_sep.is_some() || checked.iter().any(|i| matches!(i, Input::Jsonl { .. }));
+    let has_docs = options.doc_sep.is_some()
+        || options.doc_start.is_some()
+        || checked.iter().any(|i| match i {
+            Input::Jsonl { .. } | Input::Table { .. } => true,
+            Input::Records { native, .. } => native.source_format().is_some(),
+        });
     if dir.exists() && !dir.is_dir() {
         return Err(Error::invalid(format!(
             "{}: DATASET_DIR exists and is not a directory (the dataset directory comes \
@@ -144,7 +161,7 @@ pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Man
                 dir.display()
             )));
         }
-        crate::storage::read_manifest(dir).ok().map(|(m, _)| m)
+        current_manifest(dir)
     } else {
         None
     };
@@ -152,7 +169,9 @@ pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Man
         .iter()
         .map(|i| match i {
             Input::Records { bytes, .. } => *bytes,
-            Input::Jsonl { path } => fs::metadata(path).map_or(0, |m| m.len()),
+            Input::Jsonl { path } | Input::Table { path } => {
+                fs::metadata(path).map_or(0, |m| m.len())
+            }
         })
         .fold(0u64, u64::saturating_add);
     let mut writer = Writer::new(dir, record.clone(), shard_records * itemsize, has_docs);
@@ -176,30 +195,34 @@ pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Man
         bar.finish_and_clear();
     }
     match &result {
-        Ok(new) => {
-            // The new manifest is in place: files only the old one referenced are garbage.
-            if let Some(old) = old {
-                let keep: std::collections::HashSet<&str> =
-                    new.shards.iter().flat_map(shard_files).collect();
-                // Files referenced in place belong to the user: never delete them (their
-                // checksum files, in the dataset directory, are ours).
-                let owned = old.shards.iter().flat_map(|s| {
-                    let mut files = shard_files(s);
-                    if s.in_place_mtime_ns.is_some() {
-                        files.retain(|f| Some(*f) != Some(s.path.as_str()));
-                    }
-                    files
-                });
-                for f in owned {
-                    if !keep.contains(&f) {
-                        let _ = fs::remove_file(dir.join(f));
-                    }
-                }
-            }
-        }
+        Ok(new) => remove_replaced(dir, old.as_ref(), new),
         Err(_) => writer.written.cleanup(),
     }
     result
+}
+
+/// The manifest a `--force` pack into `dir` replaces, if there is one readable.
+pub(super) fn current_manifest(dir: &Path) -> Option<Manifest> {
+    crate::storage::read_manifest(dir).ok().map(|(m, _)| m)
+}
+
+/// Once the manifest `new` is in place: deletes the files only the replaced manifest `old`
+/// referenced (they are garbage), except the files it referenced in place (the user's).
+pub(super) fn remove_replaced(dir: &Path, old: Option<&Manifest>, new: &Manifest) {
+    let Some(old) = old else { return };
+    let keep: std::collections::HashSet<&str> = new.shards.iter().flat_map(shard_files).collect();
+    let owned = old.shards.iter().flat_map(|s| {
+        let mut files = shard_files(s);
+        if s.in_place_mtime_ns.is_some() {
+            files.retain(|f| Some(*f) != Some(s.path.as_str()));
+        }
+        files
+    });
+    for f in owned {
+        if !keep.contains(&f) {
+            let _ = fs::remove_file(dir.join(f));
+        }
+    }
 }
 
 /// All file names of one shard.
@@ -209,12 +232,7 @@ fn shard_files(s: &ShardEntry) -> Vec<&str> {
         v.push(c.file.as_str());
     }
     if let Some(d) = &s.docs {
-        v.extend([
-            d.ids.as_str(),
-            d.index.as_str(),
-            d.meta.as_str(),
-            d.docs.as_str(),
-        ]);
+        v.extend(d.names().into_iter().flatten());
         if let Some(c) = &d.checksums {
             v.push(c.file.as_str());
         }
@@ -238,17 +256,69 @@ fn progress_bar(total: u64) -> indicatif::ProgressBar {
 }
 
 fn write_all(writer: &mut Writer, inputs: &[Input], options: &PackOptions) -> Result<()> {
+    let itemsize = writer.record.itemsize() as u64;
     for input in inputs {
         match input {
             Input::Records {
                 path,
                 offset,
                 bytes,
+                native,
                 ..
-            } => write_records_file(writer, path, *offset, *bytes, options.doc_sep)?,
-            Input::Jsonl { path } => write_jsonl(writer, path)?,
+            } => {
+                let records = bytes / itemsize;
+                if native.source_format().is_some() || options.doc_start.is_some() {
+                    // The format's own index, or a --doc-start scan: the ends first
+                    // (O(documents) memory), then the copy.
+                    let scan = match (scan_rule(None, options.doc_start)?, tokens(writer)) {
+                        (Some(rule), Some(t)) => Some((rule, t)),
+                        _ => None,
+                    };
+                    let mut ends = Vec::new();
+                    for_each_end(native, scan, (path, *offset, records), |e| {
+                        ends.push(e);
+                        Ok(())
+                    })?;
+                    write_records_file(writer, path, *offset, *bytes, Split::Ends(&ends))?;
+                } else {
+                    let split = Split::Sep(options.doc_sep);
+                    write_records_file(writer, path, *offset, *bytes, split)?;
+                }
+            }
+            Input::Jsonl { path } => write_jsonl(writer, path, options.tokens_field.as_deref())?,
+            Input::Table { path } => write_table(writer, path, options)?,
         }
     }
+    Ok(())
+}
+
+/// The dataset's token type, when its records are integer tokens.
+fn tokens(writer: &Writer) -> Option<ScalarType> {
+    writer.record.scalar_type().filter(|t| t.is_token_type())
+}
+
+/// Converts a table of token lists (`formats/hf`): one document per non-empty row.
+fn write_table(writer: &mut Writer, path: &Path, options: &PackOptions) -> Result<()> {
+    let dtype = tokens(writer)
+        .ok_or_else(|| Error::invalid("a table of token lists needs an integer --dtype"))?;
+    let opts = formats::hf::Options {
+        column: options.tokens_field.clone(),
+        ..formats::hf::Options::new(dtype)
+    };
+    let size = dtype.size();
+    formats::hf::convert(path, &opts, &mut |bytes, lens| {
+        let mut at = 0usize;
+        for &len in lens {
+            let n = len as usize * size;
+            if n > 0 {
+                writer.begin_doc(None)?;
+                writer.write_doc_records(&bytes[at..at + n], writer::Seg::Doc)?;
+                writer.end_doc()?;
+            }
+            at += n;
+        }
+        Ok(())
+    })?;
     Ok(())
 }
 
@@ -262,7 +332,7 @@ fn write_manifest(
 ) -> Result<Manifest> {
     let mut manifest = Manifest {
         format: FORMAT_NAME.into(),
-        version: VERSION,
+        version: version_for(&shards),
         dtype: record.manifest_descr(),
         itemsize: record.itemsize() as u64,
         records: shards.iter().map(|s| s.records).sum(),

@@ -22,7 +22,7 @@ pub(super) fn write_records_file(
     path: &Path,
     offset: u64,
     bytes: u64,
-    doc_sep: Option<i128>,
+    split: Split<'_>,
 ) -> Result<()> {
     let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
     file.seek(SeekFrom::Start(offset))
@@ -32,6 +32,9 @@ pub(super) fn write_records_file(
     let mut buf = vec![0u8; per_chunk];
     let mut left = bytes;
     let mut doc_open = false;
+    // Records of this file before `buf`, and the next document end of `Split::Ends`.
+    let mut base = 0u64;
+    let mut next_end = 0usize;
     while left > 0 {
         let want = left.min(per_chunk as u64) as usize;
         file.read_exact(&mut buf[..want]).map_err(|e| {
@@ -48,19 +51,39 @@ pub(super) fn write_records_file(
             writer.write_plain(&buf[..want])?;
             continue;
         }
-        // Split at separators: a document ends after each separator record.
+        // Split where documents end: after each separator record, or at the given ends.
         let mut start = 0;
-        for (i, rec) in buf[..want].chunks_exact(itemsize).enumerate() {
-            let ends = doc_sep.is_some_and(|sep| writer.record.token_value(rec) == sep);
-            if ends {
-                let end = (i + 1) * itemsize;
-                if !doc_open {
+        let records = (want / itemsize) as u64;
+        let mut cut = |end: usize, writer: &mut Writer, doc_open: &mut bool| -> Result<()> {
+            if end > start {
+                if !*doc_open {
                     writer.begin_doc(None)?;
                 }
                 writer.write_doc_records(&buf[start..end], Seg::Doc)?;
                 writer.end_doc()?;
-                doc_open = false;
+                *doc_open = false;
                 start = end;
+            }
+            Ok(())
+        };
+        match split {
+            Split::Sep(None) => {}
+            Split::Sep(Some(sep)) => {
+                for (i, rec) in buf[..want].chunks_exact(itemsize).enumerate() {
+                    if writer.record.token_value(rec) == sep {
+                        cut((i + 1) * itemsize, writer, &mut doc_open)?;
+                    }
+                }
+            }
+            Split::Ends(ends) => {
+                while let Some(&e) = ends.get(next_end) {
+                    if e > base + records {
+                        break;
+                    }
+                    let local = e.saturating_sub(base) as usize * itemsize;
+                    cut(local, writer, &mut doc_open)?;
+                    next_end += 1;
+                }
             }
         }
         if start < want {
@@ -70,11 +93,22 @@ pub(super) fn write_records_file(
             }
             writer.write_doc_records(&buf[start..want], Seg::Doc)?;
         }
+        base += records;
     }
     if doc_open {
         writer.end_doc()?;
     }
     Ok(())
+}
+
+/// Where the documents of a records file end.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Split<'a> {
+    /// After every record equal to this token (`--doc-sep`); `None`: the file is one document.
+    Sep(Option<i128>),
+    /// At these record counts from the file's start (non-decreasing; the format's own index
+    /// or a `--doc-start` scan).
+    Ends(&'a [u64]),
 }
 
 /// Which metadata a run of records carries.
@@ -496,9 +530,9 @@ impl Writer {
                 self.doc_hashers.push(d.hashers.clone());
                 let [ids, index, meta, docs] = d.names;
                 Some(ShardDocs {
-                    ids,
-                    index,
-                    meta,
+                    ids: Some(ids),
+                    index: Some(index),
+                    meta: Some(meta),
                     entries: d.entries,
                     meta_bytes: d.meta_bytes,
                     docs,
@@ -535,11 +569,27 @@ impl Writer {
         // appended after their shard was finished): the hash of the four files' hashes.
         // Their block checksums too: one file per shard, the checksums of .ids, .idx, .meta
         // and .docs one after the other.
+        // Without metadata the dataset takes the compact form (`format::ShardDocs`): the
+        // .docs files alone, O(documents); the per-record .ids and the entry files go.
+        let compact = self.has_docs && !self.metadata;
         for i in 0..self.shards.len().min(self.doc_hashers.len()) {
-            let hashers = self.doc_hashers[i].clone();
-            let Some(d) = &self.shards[i].docs else {
+            let mut hashers = self.doc_hashers[i].to_vec();
+            let Some(d) = self.shards[i].docs.as_mut() else {
                 continue;
             };
+            if compact {
+                for name in [d.ids.take(), d.index.take(), d.meta.take()]
+                    .into_iter()
+                    .flatten()
+                {
+                    let path = self.dir.join(&name);
+                    fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+                    self.written.files.retain(|f| *f != path);
+                }
+                (d.entries, d.meta_bytes) = (0, 0);
+                hashers.drain(..DocFile::Docs.index());
+            }
+            let d = &self.shards[i].docs.as_ref().expect("checked above");
             let mut h = ContentHasher::new();
             for file in &hashers {
                 h.update(&file.finish().to_le_bytes());
@@ -573,7 +623,7 @@ impl Writer {
 }
 
 /// An id unique to one pack run (time and process id, mixed), 8 hex digits.
-fn new_pack_id() -> String {
+pub(super) fn new_pack_id() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);

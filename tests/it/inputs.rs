@@ -310,6 +310,10 @@ fn every_input_is_accepted_by_both_modes_or_refused_by_both() {
     names.sort();
     assert!(names.len() >= 25, "{names:?}");
     for name in &names {
+        if is_table(name) {
+            // Tables are converted by a copy and refused in place (tables_are_converted...).
+            continue;
+        }
         for dtype in [None, Some("u8"), Some("u16")] {
             let mut args = vec![s(&fixture(name)).to_string()];
             if let Some(t) = dtype {
@@ -336,24 +340,9 @@ fn known_non_token_files_are_refused_saying_what_to_do() {
     // any size).
     let cases = [
         (
-            "table.parquet",
-            "parquet table, not token ids",
-            "write its token column as a 1-D .npy and pack that",
-        ),
-        (
-            "table.arrow",
-            "Arrow IPC file, not token ids",
-            "pyarrow.ipc.open_file",
-        ),
-        (
-            "data-00000-of-00001.arrow",
-            "Arrow IPC stream (as Hugging Face datasets save_to_disk writes), not token ids",
-            "datasets.load_from_disk",
-        ),
-        (
             "megatron_text_document.idx",
             "Megatron-LM index (.idx) of u16 tokens, not token ids",
-            "pack the matching PREFIX.bin with --dtype u16 instead",
+            "pack the matching PREFIX.bin instead",
         ),
         (
             "00000_unshuffled.ds.index",
@@ -471,8 +460,9 @@ fn known_non_token_files_are_refused_saying_what_to_do() {
     let (c, _) = pack_both(dir.path(), &[s(&megatron_bin), "--dtype", "u16"]);
     assert!(c.status.success(), "{}", stderr(&c));
     assert_eq!(served(&dir.path().join("copy")), gpt2_tokens(1000));
-    // A glob that catches the index with the tokens is refused, naming the index.
-    let (c, _) = pack_both(
+    // A glob that catches the index with the tokens takes the index as the token file's
+    // companion: the same dataset, with the index's two documents.
+    let (c, i) = pack_both(
         dir.path(),
         &[
             s(&glob_ds),
@@ -481,7 +471,9 @@ fn known_non_token_files_are_refused_saying_what_to_do() {
             "u16",
         ],
     );
-    assert!(stderr(&c).contains("00000_unshuffled.ds.index: datatrove document index"));
+    assert!(c.status.success() && i.status.success(), "{}", stderr(&c));
+    assert_eq!(manifest(&dir.path().join("in-place"))["documents"], 2);
+    assert_eq!(served(&dir.path().join("in-place")), gpt2_tokens(1000));
 }
 
 #[test]
@@ -618,4 +610,32 @@ fn dtype_takes_numpy_spellings() {
         "{}",
         stderr(&c)
     );
+}
+
+fn is_table(name: &str) -> bool {
+    name.ends_with(".parquet") || name.ends_with(".arrow")
+}
+
+#[test]
+fn tables_are_converted_by_a_copy_and_refused_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    // The same two-row table ([[1, 2, 3], [4, 5]] in an `input_ids` column) as parquet, an
+    // Arrow IPC file and a save_to_disk Arrow stream.
+    for name in ["table.parquet", "table.arrow", "data-00000-of-00001.arrow"] {
+        let (c, i) = pack_both(dir.path(), &[s(&fixture(name)), "--dtype", "u32"]);
+        assert!(c.status.success(), "{name}: {}", stderr(&c));
+        let m = manifest(&dir.path().join("copy"));
+        assert_eq!(m["documents"], 2, "{name}: one document per row");
+        let want: Vec<u8> = [1u32, 2, 3, 4, 5]
+            .iter()
+            .flat_map(|t| t.to_le_bytes())
+            .collect();
+        assert_eq!(served(&dir.path().join("copy")), want, "{name}");
+        assert_eq!(i.status.code(), Some(1), "{name}");
+        let err = stderr(&i);
+        assert!(
+            err.contains("a table of token lists") && err.contains("pack it without --in-place"),
+            "{name}: {err}"
+        );
+    }
 }

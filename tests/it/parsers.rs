@@ -372,7 +372,7 @@ fn convert_all(
     opts.column = column.map(str::to_string);
     opts.batch_size = 4; // several batches per row group
     for p in paths {
-        let c = hf::convert(p, &opts, &mut |b| {
+        let c = hf::convert(p, &opts, &mut |b, _| {
             bytes.extend_from_slice(b);
             Ok(())
         })
@@ -419,7 +419,7 @@ fn hf_tables_convert_to_the_rows_datasets_and_pyarrow_read() {
     // Out of range for the output type: refused naming the file, row and value.
     let mut opts = hf::Options::new(ScalarType::U8);
     opts.column = Some("input_ids".into());
-    let e = hf::convert(&dir.join("hf.parquet"), &opts, &mut |_| Ok(()))
+    let e = hf::convert(&dir.join("hf.parquet"), &opts, &mut |_, _| Ok(()))
         .unwrap_err()
         .to_string();
     assert!(
@@ -440,7 +440,7 @@ fn hf_tables_convert_to_the_rows_datasets_and_pyarrow_read() {
     let e = hf::convert(
         &dir.join("large_list.arrow"),
         &hf::Options::new(ScalarType::U16),
-        &mut |_| Ok(()),
+        &mut |_, _| Ok(()),
     )
     .unwrap_err()
     .to_string();

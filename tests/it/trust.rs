@@ -454,7 +454,8 @@ fn version_3_in_place_datasets_still_mount_and_verify_upgrades_them() {
     assert!(out.status.success(), "{}", stderr(&out));
     let upgraded: serde_json::Value =
         serde_json::from_slice(&fs::read(&manifest).unwrap()).unwrap();
-    assert_eq!(upgraded["version"], shufflefs::format::VERSION);
+    // Version 4: the oldest that expresses a dataset without compact documents.
+    assert_eq!(upgraded["version"], 4);
     let shard = &upgraded["shards"][0];
     assert_eq!(shard["path"], "data/part0.bin");
     assert_eq!(

@@ -64,6 +64,9 @@ pub(crate) enum Kind {
     },
     /// JSON Lines documents (`.jsonl`, `.ndjson`).
     Jsonl,
+    /// A table of token lists (parquet, Arrow IPC file or stream: Hugging Face `datasets`),
+    /// which a copy converts (`pack/formats/hf`).
+    Table,
 }
 
 impl Kind {
@@ -74,6 +77,7 @@ impl Kind {
             Kind::Npy => "npy",
             Kind::Llmc { .. } => "llmc",
             Kind::Jsonl => "jsonl",
+            Kind::Table => "table",
         }
     }
 }
@@ -134,10 +138,14 @@ pub(crate) struct Known {
 /// What to do with a table of token lists: `read` is the Python expression that loads it.
 fn table_todo(read: &str) -> String {
     format!(
-        "write its token column as a 1-D .npy and pack that, e.g. in Python: table = {read}; \
+        "pack it without --in-place (pack converts its token column, one document per row), or \
+         write the column as a 1-D .npy, e.g. in Python: table = {read}; \
          np.save('tokens.npy', np.concatenate(table['input_ids'].to_numpy(zero_copy_only=False)))"
     )
 }
+
+/// The first entries of [`KNOWN`]: tables of token lists, which a copy converts.
+pub(crate) const TABLES: usize = 3;
 
 /// Formats recognised with certainty (magic numbers with structure, or datatrove's names).
 /// Checked first, in this order.
@@ -167,14 +175,10 @@ pub(crate) const KNOWN: &[Known] = &[
             Some(t) => format!("Megatron-LM index (.idx) of {t} tokens"),
             None => "Megatron-LM index (.idx)".into(),
         },
-        todo: |p| {
-            let dtype = megatron_dtype(p.head.get(17).copied())
-                .filter(|t| t.is_token_type())
-                .map_or(String::new(), |t| format!(" with --dtype {t}"));
-            format!(
-                "pack the matching PREFIX.bin{dtype} instead (its document boundaries are not \
-                 read yet: the tokens are packed as one stream)"
-            )
+        todo: |_| {
+            "pack the matching PREFIX.bin instead (the .idx beside it gives its token type and \
+             documents), or the directory"
+                .into()
         },
     },
     Known {
@@ -188,9 +192,8 @@ pub(crate) const KNOWN: &[Known] = &[
         test: |p| p.named(".ds.index"),
         what: |_| "datatrove document index (.ds.index: u64 document ends)".into(),
         todo: |_| {
-            "pack the matching .ds token file instead (its document boundaries are not read \
-             yet: the tokens are packed as one stream); leave .ds.index, .ds.loss and \
-             .ds.metadata out of the glob"
+            "pack the matching .ds token file instead (its .ds.index beside it gives the \
+             documents), or the directory"
                 .into()
         },
     },
@@ -405,8 +408,11 @@ pub(crate) fn sniff(p: &Probe<'_>) -> std::result::Result<Kind, Refusal> {
         todo: (k.todo)(p),
         heuristic,
     };
-    if let Some(k) = KNOWN.iter().find(|k| (k.test)(p)) {
-        return Err(refuse(k, false));
+    if let Some(i) = KNOWN.iter().position(|k| (k.test)(p)) {
+        if i < TABLES {
+            return Ok(Kind::Table);
+        }
+        return Err(refuse(&KNOWN[i], false));
     }
     if p.starts(npy::MAGIC) {
         return Ok(Kind::Npy);

@@ -92,6 +92,10 @@ impl TableKind {
     }
 }
 
+/// Receives each batch: its tokens (little-endian bytes of the output type) and the lengths
+/// of its rows.
+pub type WriteBatch<'a> = dyn FnMut(&[u8], &[u64]) -> Result<()> + 'a;
+
 /// What [`convert`] read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Converted {
@@ -110,11 +114,12 @@ pub struct Converted {
 }
 
 /// Converts the table `path` (kind from its content): calls `write` with each batch's tokens
-/// as little-endian `opts.dtype` bytes, in row order, and returns the rows' lengths.
+/// as little-endian `opts.dtype` bytes, in row order, and the lengths of the batch's rows;
+/// returns all rows' lengths.
 pub fn convert(
     path: &Path,
     opts: &Options,
-    write: &mut dyn FnMut(&[u8]) -> Result<()>,
+    write: &mut WriteBatch<'_>,
 ) -> Result<Converted> {
     if !opts.dtype.is_token_type() {
         return Err(Error::invalid(format!(
@@ -296,7 +301,7 @@ impl ChunkReader for Bounded {
 struct Conversion<'a> {
     path: &'a Path,
     opts: &'a Options,
-    write: &'a mut dyn FnMut(&[u8]) -> Result<()>,
+    write: &'a mut WriteBatch<'a>,
     out: Vec<u8>,
     doc_lens: Vec<u64>,
     tokens: u64,
@@ -376,6 +381,7 @@ impl Conversion<'_> {
         self.batches += 1;
         self.out.clear();
         let first_row = self.doc_lens.len() as u64;
+        let rows_before = self.doc_lens.len();
         if let Some(row) = (0..col.len()).find(|&r| col.is_null(r)) {
             return Err(self.refuse(first_row + row as u64, "is null (no token list)".into()));
         }
@@ -422,8 +428,8 @@ impl Conversion<'_> {
                 ));
             }
         }
-        if !self.out.is_empty() {
-            (self.write)(&self.out)?;
+        if self.doc_lens.len() > rows_before {
+            (self.write)(&self.out, &self.doc_lens[rows_before..])?;
         }
         Ok(())
     }

@@ -42,7 +42,7 @@ fn write_file(path: &Path, batches: &[RecordBatch]) {
 
 fn run(path: &Path, opts: &Options) -> Result<(Converted, Vec<u8>)> {
     let mut bytes = Vec::new();
-    let c = convert(path, opts, &mut |b| {
+    let c = convert(path, opts, &mut |b, _| {
         bytes.extend_from_slice(b);
         Ok(())
     })?;
