@@ -86,8 +86,8 @@ fn a_fifo_or_directory_in_place_of_a_listed_file_is_refused_without_blocking() {
     let docs = manifest.shards[1].docs.clone().unwrap();
     for (name, make_fifo) in [
         (manifest.shards[0].path.clone(), true),
-        (docs.meta.clone().unwrap(), true),
-        (docs.ids.clone().unwrap(), false),
+        (docs.docs.clone(), true),
+        (docs.docs.clone(), false),
     ] {
         let path = ds.join(&name);
         let saved = std::fs::read(&path).unwrap();

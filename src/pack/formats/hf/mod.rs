@@ -116,11 +116,7 @@ pub struct Converted {
 /// Converts the table `path` (kind from its content): calls `write` with each batch's tokens
 /// as little-endian `opts.dtype` bytes, in row order, and the lengths of the batch's rows;
 /// returns all rows' lengths.
-pub fn convert(
-    path: &Path,
-    opts: &Options,
-    write: &mut WriteBatch<'_>,
-) -> Result<Converted> {
+pub fn convert(path: &Path, opts: &Options, write: &mut WriteBatch<'_>) -> Result<Converted> {
     if !opts.dtype.is_token_type() {
         return Err(Error::invalid(format!(
             "{} is not a token type",
