@@ -196,6 +196,11 @@ pub struct PackArgs {
     /// nanoGPT, OLMo/Dolma). Documents never span input files.
     #[arg(long, value_name = "TOKEN", allow_hyphen_values = true, value_parser = token)]
     pub doc_sep: Option<i128>,
+    /// With --doc-sep EOS: a document ends only at an EOS immediately followed by TOKEN (the
+    /// BOS), or at a final EOS: OLMo's rule when documents start with a BOS (with EOS = BOS,
+    /// the pair EOS EOS).
+    #[arg(long, value_name = "TOKEN", allow_hyphen_values = true, value_parser = token, requires = "doc_sep")]
+    pub doc_bos: Option<i128>,
     /// Start a document at every token equal to TOKEN (a BOS prepended to each document, as
     /// llm.c's shards have); tokens before the first are a document too. With --in-place.
     #[arg(long, value_name = "TOKEN", allow_hyphen_values = true, value_parser = token, conflicts_with = "doc_sep")]

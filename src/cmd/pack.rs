@@ -13,6 +13,7 @@ pub(crate) fn run(args: PackArgs) -> Result<()> {
         force: args.force,
         doc_sep: args.doc_sep,
         doc_start: args.doc_start,
+        doc_bos: args.doc_bos,
         megatron_unit: match args.megatron_unit {
             MegatronUnitArg::Document => Unit::Document,
             MegatronUnitArg::Sequence => Unit::Sequence,

@@ -585,14 +585,25 @@ impl Dataset {
         // at or after the shard's end: otherwise the next document would start in the shard.
         let (shard_first, shard_end) = self.shard_records(index);
         let follows = |r: DocRecord| r.start.checked_add(r.len) == Some(start);
+        // The last document listed by a shard ends where the next one starts (listed by a
+        // later shard), or at the end of the stream.
+        let next_start = if local + 1 < d.documents {
+            record(local + 1).start
+        } else if doc + 1 < self.n_documents().unwrap_or(0) {
+            let next = self.shard_of_document(doc + 1).ok_or(Error::NotFound)?;
+            let ds = self.docs_of(next)?;
+            let first = doc + 1 - (self.doc_ends[next] - ds.documents);
+            let mut raw = [0u8; DOC_RECORD as usize];
+            ds.read_at(DocFile::Docs, &mut raw, first * DOC_RECORD, read)?;
+            DocRecord::decode(&raw).start
+        } else {
+            self.n_records()
+        };
         let placed = len > 0
             && (shard_first..=shard_end).contains(&start)
             && (local == 0 || follows(record(local - 1)))
-            && if local + 1 < d.documents {
-                record(local + 1).start == end
-            } else {
-                end >= shard_end
-            };
+            && next_start == end
+            && (local + 1 < d.documents || end >= shard_end);
         if !placed {
             return Err(corrupt(
                 docs_path(),

@@ -399,7 +399,9 @@ fn document_files_swapped_with_their_checksum_files_are_refused() {
             }
         }
     }
-    assert_eq!(refused, 4, "the documents of the two swapped shards");
+    // The documents of the two swapped shards, and the last one before them (its end is
+    // checked against the next shard's first document).
+    assert_eq!(refused, 5, "the documents of the two swapped shards");
 }
 
 struct Truncated(Vec<u8>);
@@ -428,5 +430,84 @@ fn short_source_is_an_error_never_partial_data() {
             ..
         }) => assert_eq!((offset, wanted, got), (2, 6, 2)),
         other => panic!("expected ShortRead, got {other:?}"),
+    }
+}
+
+/// Every single-field change to a compact docs file (no checksums: an in-place dataset) is
+/// either refused or changes nothing the dataset answers: never a wrong document or span.
+#[test]
+fn damaged_compact_docs_never_give_a_wrong_document() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("t.bin");
+    // u16 tokens; a document ends after each 9: lengths 1..=10, over 3 shards' worth.
+    let tokens: Vec<u8> = (0..600u32)
+        .flat_map(|p| (if p % 11 == 5 || p % 7 == 0 { 9u16 } else { 1 }).to_le_bytes())
+        .collect();
+    let half = tokens.len() / 2;
+    std::fs::write(&input, &tokens[..half]).unwrap();
+    let input2 = tmp.path().join("u.bin");
+    std::fs::write(&input2, &tokens[half..]).unwrap();
+    let ds = tmp.path().join("ds");
+    let options = crate::pack::PackOptions {
+        dtype: Some(crate::format::dtype::ScalarType::U16),
+        doc_sep: Some(9),
+        ..crate::pack::PackOptions::default()
+    };
+    let manifest = crate::pack::pack_in_place(&ds, &[input, input2], &options).unwrap();
+    let n_docs = manifest.documents.unwrap();
+    assert!(
+        manifest
+            .shards
+            .iter()
+            .all(|s| s.docs.as_ref().unwrap().is_compact())
+    );
+    let answers = |d: &Dataset| {
+        let docs: Vec<_> = (0..n_docs)
+            .map(|k| d.document(k).map(|x| (x.start, x.len)).ok())
+            .collect();
+        let spans: Vec<_> = (0..300u64)
+            .step_by(7)
+            .map(|r| {
+                d.spans(r, 13.min(300 - r))
+                    .map(|v| {
+                        v.iter()
+                            .map(|s| (s.start, s.end, s.doc))
+                            .collect::<Vec<_>>()
+                    })
+                    .ok()
+            })
+            .collect();
+        (docs, spans)
+    };
+    let (good_docs, good_spans) = answers(&Dataset::open(&ds).unwrap());
+    assert!(good_docs.iter().all(Option::is_some) && good_spans.iter().all(Option::is_some));
+    for shard in &manifest.shards {
+        let path = ds.join(&shard.docs.as_ref().unwrap().docs);
+        let saved = std::fs::read(&path).unwrap();
+        // Each 8-byte field of each record, one up and one down.
+        for field in 0..saved.len() / 8 {
+            for delta in [1i64, -1] {
+                let mut bytes = saved.clone();
+                let at = field * 8;
+                let v = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+                bytes[at..at + 8].copy_from_slice(&v.wrapping_add_signed(delta).to_le_bytes());
+                std::fs::write(&path, &bytes).unwrap();
+                let Ok(d) = Dataset::open(&ds) else { continue };
+                let (docs, spans) = answers(&d);
+                for (k, (got, want)) in docs.iter().zip(&good_docs).enumerate() {
+                    assert!(
+                        got.is_none() || got == want,
+                        "field {field} {delta:+}: doc {k}"
+                    );
+                }
+                for (got, want) in spans.iter().zip(&good_spans) {
+                    assert!(
+                        got.is_none() || got == want,
+                        "field {field} {delta:+}: spans"
+                    );
+                }
+            }
+        }
+        std::fs::write(&path, &saved).unwrap();
     }
 }

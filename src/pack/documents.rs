@@ -44,20 +44,35 @@ impl Native {
     }
 }
 
-/// The separator rule of `--doc-sep` / `--doc-start`, if one was given.
-pub(super) fn scan_rule(doc_sep: Option<i128>, doc_start: Option<i128>) -> Result<Option<Rule>> {
+/// The separator rule of `--doc-sep` (with `--doc-bos`) or `--doc-start`, if one was given.
+/// Tokens after the last separator are one more document (as a copy makes them).
+pub(super) fn scan_rule(
+    doc_sep: Option<i128>,
+    doc_start: Option<i128>,
+    doc_bos: Option<i128>,
+) -> Result<Option<Rule>> {
     let id = |v: i128, flag: &str| {
         u64::try_from(v).map_err(|_| Error::invalid(format!("{flag} {v}: token ids are >= 0")))
     };
-    Ok(match (doc_sep, doc_start) {
-        (Some(sep), _) => Some(Rule::EosEnds {
+    let tail = Tail::Document;
+    Ok(match (doc_sep, doc_start, doc_bos) {
+        (Some(_), Some(_), _) => {
+            return Err(Error::invalid("give --doc-sep or --doc-start, not both"));
+        }
+        (None, _, Some(_)) => return Err(Error::invalid("--doc-bos goes with --doc-sep")),
+        (Some(sep), None, None) => Some(Rule::EosEnds {
             eos: id(sep, "--doc-sep")?,
-            tail: Tail::Document,
+            tail,
         }),
-        (None, Some(bos)) => Some(Rule::BosStarts {
+        (Some(sep), None, Some(bos)) => Some(Rule::EosBeforeBos {
+            eos: id(sep, "--doc-sep")?,
+            bos: id(bos, "--doc-bos")?,
+            tail,
+        }),
+        (None, Some(bos), None) => Some(Rule::BosStarts {
             bos: id(bos, "--doc-start")?,
         }),
-        (None, None) => None,
+        (None, None, None) => None,
     })
 }
 

@@ -25,7 +25,7 @@ pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> R
     let inputs = expand_inputs(inputs)?;
     let (checked, record) = check_inputs(&inputs, options)?;
     let itemsize = record.itemsize() as u64;
-    let rule = scan_rule(options.doc_sep, options.doc_start)?;
+    let rule = scan_rule(options.doc_sep, options.doc_start, options.doc_bos)?;
     let mut shards = Vec::new();
     for input in checked {
         let (input, offset, bytes, kind, native) = match input {

@@ -125,7 +125,16 @@ fn check_input(
         }
         Kind::Raw => {
             let Some(r) = record.as_ref() else {
-                return Err(at("raw input needs --dtype (the token type)".into()));
+                let npy = path
+                    .extension()
+                    .is_some_and(|e| e.eq_ignore_ascii_case("npy"));
+                return Err(at(if npy {
+                    "a headerless .npy (raw tokens, as Dolma writes OLMo's token files) needs \
+                     --dtype (the token type, e.g. u32 for OLMo 2)"
+                        .into()
+                } else {
+                    "raw input needs --dtype (the token type)".into()
+                }));
             };
             let itemsize = r.itemsize() as u64;
             if len % itemsize != 0 {

@@ -71,8 +71,10 @@ pub struct PackOptions {
     pub force: bool,
     /// End a document after every record whose token equals this value.
     pub doc_sep: Option<i128>,
-    /// Start a document at every record whose token equals this value (`--in-place`).
+    /// Start a document at every record whose token equals this value.
     pub doc_start: Option<i128>,
+    /// With `doc_sep`: a document ends only at a separator followed by this token (OLMo).
+    pub doc_bos: Option<i128>,
     /// What a document of a Megatron-LM input is.
     pub megatron_unit: formats::megatron::Unit,
     /// The token column of HF tables and the token field of JSON Lines (default: `input_ids`,
@@ -93,6 +95,7 @@ impl Default for PackOptions {
             force: false,
             doc_sep: None,
             doc_start: None,
+            doc_bos: None,
             megatron_unit: formats::megatron::Unit::Document,
             tokens_field: None,
             progress: false,
@@ -267,10 +270,12 @@ fn write_all(writer: &mut Writer, inputs: &[Input], options: &PackOptions) -> Re
                 ..
             } => {
                 let records = bytes / itemsize;
-                if native.source_format().is_some() || options.doc_start.is_some() {
-                    // The format's own index, or a --doc-start scan: the ends first
+                let scanned = options.doc_start.is_some() || options.doc_bos.is_some();
+                if native.source_format().is_some() || scanned {
+                    // The format's own index, or a --doc-start/--doc-bos scan: the ends first
                     // (O(documents) memory), then the copy.
-                    let scan = match (scan_rule(None, options.doc_start)?, tokens(writer)) {
+                    let rule = scan_rule(options.doc_sep, options.doc_start, options.doc_bos)?;
+                    let scan = match (rule, tokens(writer)) {
                         (Some(rule), Some(t)) => Some((rule, t)),
                         _ => None,
                     };

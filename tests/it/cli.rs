@@ -430,20 +430,23 @@ fn npy_is_recognised_by_content_not_name() {
         payload,
         "header not packed as tokens"
     );
-    let fake = dir.path().join("raw.NPY");
-    fs::write(&fake, [0u8; 64]).unwrap();
-    let o = shufflefs(&[
-        "pack",
-        s(&dir.path().join("ds2")),
-        s(&fake),
-        "--dtype",
-        "u16",
-    ]);
+    // A headerless .npy (as Dolma writes OLMo's token files) is raw tokens: --dtype says
+    // their type.
+    let raw = dir.path().join("part-0-00000.NPY");
+    fs::write(&raw, [7u8; 64]).unwrap();
+    let o = shufflefs(&["pack", s(&dir.path().join("ds2")), s(&raw)]);
     assert!(
-        stderr(&o).contains("named .npy but has no numpy header"),
+        stderr(&o).contains("headerless .npy") && stderr(&o).contains("--dtype"),
         "{}",
         stderr(&o)
     );
+    shufflefs_ok(&[
+        "pack",
+        s(&dir.path().join("ds2")),
+        s(&raw),
+        "--dtype",
+        "u16",
+    ]);
 }
 
 /// Runs `f` with a 1 MiB tmpfs mounted at a temp dir; skips where mounting needs privileges

@@ -52,6 +52,7 @@ mod daemon;
 mod exhaustive;
 mod faults;
 mod fds;
+mod formats;
 mod golden;
 mod inject;
 mod inputs;

@@ -33,7 +33,7 @@ fn venv_python() -> Option<PathBuf> {
 
 /// The fixtures directory: freshly written by the reference writers when the venv exists,
 /// else the committed copy.
-fn fixtures() -> &'static Path {
+pub(crate) fn fixtures() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let committed = repo().join("tests/fixtures/formats");
@@ -60,7 +60,7 @@ fn fixtures() -> &'static Path {
     })
 }
 
-fn expected(case: &str, label: &str) -> Value {
+pub(crate) fn expected(case: &str, label: &str) -> Value {
     let p = fixtures().join(case).join(format!("expected-{label}.json"));
     serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap()
 }

@@ -417,13 +417,8 @@ pub(crate) fn sniff(p: &Probe<'_>) -> std::result::Result<Kind, Refusal> {
     if p.starts(npy::MAGIC) {
         return Ok(Kind::Npy);
     }
-    if p.named(".npy") {
-        return Err(Refusal {
-            what: "named .npy but has no numpy header (\\x93NUMPY)".into(),
-            todo: "rename it if it is a raw token file".into(),
-            heuristic: false,
-        });
-    }
+    // A `.npy` without numpy's header is a raw array: Dolma's MemmapWriter writes OLMo's
+    // token files that way (headerless u16/u32, named part-N-NNNNN.npy).
     if let Some(kind) = llmc(p) {
         return kind;
     }
