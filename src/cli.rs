@@ -265,9 +265,22 @@ pub struct PlanOptions {
     #[arg(long, default_value_t = 1, value_parser = ranged(1, MAX_EPOCHS), help_heading = PLAN_HEADING)]
     pub epochs: u64,
     /// stream: rows are windows of the token stream; documents: rows are documents, truncated
-    /// or padded to --window.
+    /// or padded to --window; packed: rows of whole documents packed best-fit, each starting
+    /// with a document's first token (--bos), no padding.
     #[arg(long, value_enum, default_value_t = ModeArg::Stream, help_heading = PLAN_HEADING)]
     pub mode: ModeArg,
+    /// The BOS token of --mode packed: a document that does not start with it gets it
+    /// prepended, so every row starts with BOS.
+    #[arg(long, value_name = "ID", help_heading = PLAN_HEADING)]
+    pub bos: Option<u64>,
+    /// Documents per block of --mode packed (each block is packed on its own, on demand)
+    /// [default: 65536].
+    #[arg(long, value_name = "N", value_parser = ranged(1, 1 << 22), help_heading = PLAN_HEADING)]
+    pub pack_block_docs: Option<u64>,
+    /// Stream mode: start epoch e's windows at a phase in [0, stride) drawn from (seed, e), so
+    /// a token sits at another position of its window every epoch.
+    #[arg(long, help_heading = PLAN_HEADING)]
+    pub rewindow: bool,
     /// Padding token of --mode documents (first field of structured records; other fields 0)
     /// [default: 0].
     #[arg(long, allow_hyphen_values = true, help_heading = PLAN_HEADING)]
@@ -286,6 +299,8 @@ pub enum ModeArg {
     Stream,
     /// Observation i is document i.
     Documents,
+    /// Rows of whole documents packed best-fit (`bestfit-blocks-v1`).
+    Packed,
 }
 
 /// `shufflefs mount`.

@@ -47,8 +47,12 @@ impl From<&PlanOptions> for ViewConfig {
             mode: match p.mode {
                 ModeArg::Stream => Mode::Stream,
                 ModeArg::Documents => Mode::Documents,
+                ModeArg::Packed => Mode::Packed,
             },
             pad_id: p.pad_id,
+            bos: p.bos,
+            pack_block_docs: p.pack_block_docs,
+            rewindow: p.rewindow,
             max_listing: crate::tree::DEFAULT_MAX_LISTING,
             out_dtype: p.out_dtype,
         }

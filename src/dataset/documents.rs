@@ -695,6 +695,35 @@ impl Dataset {
         Ok(records)
     }
 
+    /// The extents `(first record, records)` of documents `first ..` (at most `n`, fewer at the
+    /// end), from the docs records alone (no metadata), in one read per shard touched; each
+    /// checked to start where the one before it ends.
+    pub(crate) fn document_extents(&self, first: u64, n: u64) -> Result<Vec<(u64, u64)>> {
+        let total = self.n_documents().unwrap_or(0);
+        let end = first.saturating_add(n).min(total);
+        let mut out: Vec<(u64, u64)> = Vec::with_capacity(end.saturating_sub(first) as usize);
+        let mut doc = first;
+        while doc < end {
+            let shard = self.shard_of_document(doc).ok_or(Error::NotFound)?;
+            let d = self.docs_of(shard)?;
+            let local = doc - (self.doc_ends[shard] - d.documents);
+            let take = (end - doc).min(d.documents - local);
+            for r in self.read_doc_records(shard, local, take, DocRead::Checked)? {
+                if let Some(&(s, l)) = out.last()
+                    && s + l != r.start
+                {
+                    return Err(corrupt(
+                        d.file(DocFile::Docs).path(),
+                        format!("document {doc} does not start where the one before it ends"),
+                    ));
+                }
+                out.push((r.start, r.len));
+                doc += 1;
+            }
+        }
+        Ok(out)
+    }
+
     /// The first record of every [`FENCE`]-th document of shard `index`: the whole docs file
     /// read once, in blocks, and checked (documents in order, each ending where the next
     /// starts).

@@ -179,6 +179,13 @@ impl Dataset {
         (index < self.shards.len()).then_some(index)
     }
 
+    /// The token value (first field) of record `record`.
+    pub(crate) fn token_at(&self, record: u64) -> Result<i128> {
+        let mut buf = vec![0u8; self.record.itemsize()];
+        self.read_stream(record * buf.len() as u64, &mut buf)?;
+        Ok(self.record.token_value(&buf))
+    }
+
     /// Reads `buf.len()` bytes of the stream starting at byte `offset`: one positioned read
     /// per shard touched, straight into `buf`.
     pub fn read_stream(&self, offset: u64, buf: &mut [u8]) -> Result<()> {

@@ -142,7 +142,7 @@ const JSON_CACHE_ENTRIES: usize = 64;
 impl ShuffleFs {
     /// Wraps a view.
     pub fn new(view: View) -> Result<ShuffleFs> {
-        let shape = Shape::of(view.plan());
+        let shape = view.shape();
         let inodes = Inodes::new(shape)?;
         let max_listing = view.info().max_listing;
         Ok(ShuffleFs {

@@ -92,6 +92,9 @@ pub struct Info {
     /// The directories whose listing that bound cuts short, with their true number of names
     /// (every name stays reachable by its path).
     pub truncated_listings: Vec<TruncatedListing>,
+    /// Packed mode: the packing's parameters and figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub packing: Option<super::PackingInfo>,
     /// The dataset directory (informational, not part of the fingerprint).
     pub dataset: String,
     /// The shufflefs version serving the mount (informational).
@@ -120,6 +123,8 @@ pub(super) struct Geometry {
     pub(super) max_listing: u64,
     /// `--out-dtype`, when it differs from the dataset's type.
     pub(super) out_dtype: Option<ScalarType>,
+    /// Packed mode: `info.json`'s `packing` and the fingerprint's line.
+    pub(super) packing: Option<(super::PackingInfo, String)>,
 }
 
 impl Info {
@@ -175,10 +180,11 @@ impl Info {
                     listed: g.max_listing,
                 })
                 .collect(),
+            packing: g.packing.as_ref().map(|p| p.0.clone()),
             dataset: dataset.dir().display().to_string(),
             shufflefs_version: env!("CARGO_PKG_VERSION"),
         };
-        info.fingerprint = fingerprint(&info, manifest);
+        info.fingerprint = fingerprint(&info, manifest, g.packing.as_ref().map(|p| p.1.as_str()));
         info.layout_fingerprint = layout_fingerprint(&info);
         info
     }
@@ -192,7 +198,7 @@ impl Info {
 }
 
 /// The fingerprint (see the module docs).
-fn fingerprint(info: &Info, manifest: &Manifest) -> String {
+fn fingerprint(info: &Info, manifest: &Manifest, packing: Option<&str>) -> String {
     // An explicit canonical text, one `key=value` line each in a fixed order, so the value
     // depends on nothing but these inputs.
     let mut canonical = format!(
@@ -215,6 +221,9 @@ fn fingerprint(info: &Info, manifest: &Manifest) -> String {
     }
     if let Some(n) = info.n_documents {
         canonical.push_str(&format!("documents={n}\nmetadata={}\n", info.metadata));
+    }
+    if let Some(line) = packing {
+        canonical.push_str(line);
     }
     for s in &manifest.shards {
         canonical.push_str(&format!("shard={},{}\n", s.bytes, s.hash));

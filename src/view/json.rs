@@ -55,6 +55,33 @@ struct StepJson<'a> {
     fingerprint: &'a str,
 }
 
+/// `S.json` of packed mode: each row's pieces (documents) and where their tokens are.
+#[derive(Serialize)]
+struct PackedStepJson<'a> {
+    epoch: u64,
+    rank: u64,
+    step: u64,
+    global_step: u64,
+    /// Each row's position in the epoch's packed rows.
+    observations: Vec<u64>,
+    rows: Vec<Vec<PackedPieceJson>>,
+    sources: Vec<Vec<PieceJson<'a>>>,
+    fingerprint: &'a str,
+}
+
+/// One piece of a packed row: records `[start, end)` of the row hold document `doc`'s first
+/// records (from stream record `token_start`), after a prepended BOS when `bos`.
+#[derive(Serialize)]
+struct PackedPieceJson {
+    start: u64,
+    end: u64,
+    doc: u64,
+    token_start: u64,
+    bos: bool,
+    cropped: bool,
+    meta: Meta,
+}
+
 /// `observation/I.json`: where observation `I` is in the stream, and its metadata.
 #[derive(Serialize)]
 struct ObservationJson<'a> {
@@ -328,6 +355,9 @@ impl View {
         w: &mut impl Write,
         measure: Option<&Measure>,
     ) -> Result<()> {
+        if let Some(packed) = &self.packed {
+            return self.packed_step_json(packed, key, w);
+        }
         let ctx = Ctx::new(self, measure);
         let plan = &self.plan;
         let observations = move || plan.observations(key);
@@ -352,7 +382,7 @@ impl View {
             fingerprint: &self.info.fingerprint,
         };
         match self.mode {
-            Mode::Stream => {
+            Mode::Stream | Mode::Packed => {
                 let first = |o| self.windows.first_record(o);
                 step.token_starts = Numbers::new(observations().map(first));
                 *step.sources.rows.borrow_mut() =
@@ -390,6 +420,56 @@ impl View {
         ctx.write(w, &step)
     }
 
+    /// Writes `S.json` of packed mode for `key`.
+    fn packed_step_json(
+        &self,
+        packed: &super::packed::Packed,
+        key: StepKey,
+        w: &mut impl Write,
+    ) -> Result<()> {
+        let shards = &self.dataset.manifest().shards;
+        let mut value = PackedStepJson {
+            epoch: key.epoch,
+            rank: key.rank,
+            step: key.step,
+            global_step: self.plan.global_step(key),
+            observations: Vec::new(),
+            rows: Vec::new(),
+            sources: Vec::new(),
+            fingerprint: &self.info.fingerprint,
+        };
+        for row in 0..self.plan.batch_size() {
+            let position = self.plan.position(key, row);
+            let (block, r) = packed.row(&self.dataset, key.epoch, position)?;
+            let (mut pieces, mut sources, mut at) = (Vec::new(), Vec::new(), 0u64);
+            for p in block.row(r) {
+                let doc = self.dataset.document(p.doc)?;
+                let tokens = p.doc_tokens().end;
+                pieces.push(PackedPieceJson {
+                    start: at,
+                    end: at + p.len,
+                    doc: p.doc,
+                    token_start: doc.start,
+                    bos: p.bos_prepended,
+                    cropped: p.cropped,
+                    meta: doc.meta,
+                });
+                at += p.len;
+                sources.extend(self.dataset.pieces(doc.start, tokens).map(
+                    |(index, offset, records)| PieceJson {
+                        file: &shards[index].path,
+                        offset,
+                        records,
+                    },
+                ));
+            }
+            value.observations.push(position);
+            value.rows.push(pieces);
+            value.sources.push(sources);
+        }
+        Ctx::new(self, None).write(w, &value)
+    }
+
     /// The document of a documents-mode row (`measuring`: its shape only).
     fn row_document(&self, observation: u64, measuring: bool) -> Result<Row> {
         Ok(if measuring {
@@ -416,6 +496,7 @@ impl View {
         w: &mut impl Write,
     ) -> Result<()> {
         let (start, len, meta) = match self.mode {
+            Mode::Packed => return Err(Error::NotFound),
             Mode::Stream => (self.windows.first_record(observation), self.window, None),
             Mode::Documents => {
                 let d = self.dataset.document(observation)?;

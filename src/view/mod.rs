@@ -30,11 +30,13 @@ use crate::tree::{DEFAULT_MAX_LISTING, Shape};
 mod convert;
 mod info;
 mod json;
+mod packed;
 mod rows;
 mod window;
 
 pub use info::{Info, TruncatedListing};
 pub(crate) use json::{json_len, json_range};
+pub use packed::PackingInfo;
 
 use convert::Convert;
 use info::Geometry;
@@ -47,6 +49,8 @@ pub enum Mode {
     Stream,
     /// Observation `i` is document `i`, truncated or padded to `window` records.
     Documents,
+    /// Rows of whole documents packed best-fit, per epoch (`shuffle/packing/`).
+    Packed,
 }
 
 impl Mode {
@@ -55,6 +59,7 @@ impl Mode {
         match self {
             Mode::Stream => "stream",
             Mode::Documents => "documents",
+            Mode::Packed => "packed",
         }
     }
 }
@@ -85,6 +90,13 @@ pub struct ViewConfig {
     /// record type. Every value is converted exactly; one the type cannot hold fails the read
     /// (`EOVERFLOW`).
     pub out_dtype: Option<ScalarType>,
+    /// The BOS token of packed mode (`--bos`).
+    pub bos: Option<u64>,
+    /// Documents per block of packed mode (`--pack-block-docs`; default 65,536).
+    pub pack_block_docs: Option<u64>,
+    /// Stream mode: each epoch's windows start at a phase drawn from (seed, epoch)
+    /// (`--rewindow`).
+    pub rewindow: bool,
 }
 
 impl ViewConfig {
@@ -108,6 +120,9 @@ impl ViewConfig {
             pad_id: None,
             max_listing: DEFAULT_MAX_LISTING,
             out_dtype: None,
+            bos: None,
+            pack_block_docs: None,
+            rewindow: false,
         }
     }
 }
@@ -142,6 +157,10 @@ pub struct View {
     out_itemsize: u64,
     npy_header: Vec<u8>,
     pad_record: Vec<u8>,
+    /// Packed mode: the packer and its blocks.
+    packed: Option<packed::Packed>,
+    /// Packed mode: the BOS record as served.
+    bos_record: Vec<u8>,
     info: Info,
     info_json: Vec<u8>,
 }
@@ -160,7 +179,29 @@ impl View {
             stride,
             itemsize.max(out_itemsize),
         )?;
-        let n_obs = observations(&dataset, config, &windows)?;
+        let packed = match config.mode {
+            Mode::Packed => Some(packed::Packed::new(
+                &dataset,
+                config.window,
+                config.bos,
+                config.seed,
+                config.pack_block_docs,
+            )?),
+            _ => None,
+        };
+        let n_obs = match &packed {
+            Some(p) => {
+                check_packed(config)?;
+                p.rows_per_epoch()
+            }
+            None => observations(&dataset, config, &windows)?,
+        };
+        if config.mode != Mode::Packed && (config.bos.is_some() || config.pack_block_docs.is_some())
+        {
+            return Err(Error::invalid(
+                "--bos and --pack-block-docs only apply to --mode packed",
+            ));
+        }
         let plan = Plan::new(
             n_obs,
             config.batch_size,
@@ -171,7 +212,7 @@ impl View {
         check_serves(&dataset, config, &plan, stride)?;
         // Every file must be numberable; checked here so `plan` and `bench` refuse exactly
         // what `mount` refuses.
-        Inodes::new(Shape::of(&plan))?;
+        Inodes::new(shape_of(&plan, config.mode))?;
         let descr = out.map_or_else(
             || record.npy_descr(),
             |c| RecordType::scalar(c.to).npy_descr(),
@@ -195,14 +236,25 @@ impl View {
             npy_header_bytes: npy_header.len() as u64,
             max_listing: config.max_listing,
             out_dtype: out.map(|c| c.to),
+            packing: packed.as_ref().map(|p| (p.info(), p.fingerprint_line())),
         };
         let info = Info::new(&dataset, &plan, geometry);
-        let pad_record = match out {
-            None => record.pad_record(pad_id.unwrap_or(0)),
-            Some(c) => RecordType::scalar(c.to).pad_record(pad_id.unwrap_or(0)),
+        let served = |v: i128| match out {
+            None => record.pad_record(v),
+            Some(c) => RecordType::scalar(c.to).pad_record(v),
         };
+        let pad_record = served(pad_id.unwrap_or(0));
+        let bos_record = served(config.bos.map_or(0, i128::from));
+        if let Some(bos) = config.bos {
+            let t = out.map_or_else(|| record.token_type(), |c| c.to);
+            if t.int_range().is_none_or(|(_, hi)| i128::from(bos) > hi) {
+                return Err(Error::invalid(format!("--bos {bos} is not a {t} value")));
+            }
+        }
         Ok(View {
             pad_record,
+            packed,
+            bos_record,
             info_json: info.to_json(),
             dataset,
             plan,
@@ -220,6 +272,12 @@ impl View {
     /// Opens the dataset at `dir` and builds the view.
     pub fn open(dir: &Path, config: &ViewConfig) -> Result<View> {
         View::new(Dataset::open(dir)?, config)
+    }
+
+    /// The tree's shape: packed rows are per epoch, so packed mode has no `observation/` or
+    /// `lookup/` entries.
+    pub(crate) fn shape(&self) -> Shape {
+        shape_of(&self.plan, self.mode)
     }
 
     /// The plan.
@@ -293,6 +351,7 @@ impl View {
 fn observations(dataset: &Dataset, config: &ViewConfig, windows: &Windows) -> Result<u64> {
     let n_obs = match config.mode {
         Mode::Stream => windows.n_observations(),
+        Mode::Packed => unreachable!("packed mode counts its rows"),
         Mode::Documents => dataset.n_documents().ok_or_else(|| {
             Error::invalid(
                 "--mode documents needs a dataset with documents: pack JSON Lines inputs or use \
@@ -322,6 +381,31 @@ fn observations(dataset: &Dataset, config: &ViewConfig, windows: &Windows) -> Re
     Ok(n_obs)
 }
 
+/// The tree's shape of `plan` in `mode` (see [`View::shape`]).
+fn shape_of(plan: &Plan, mode: Mode) -> Shape {
+    let mut shape = Shape::of(plan);
+    if mode == Mode::Packed {
+        shape.observations = 0;
+    }
+    shape
+}
+
+/// Refuses options packed mode does not take.
+fn check_packed(config: &ViewConfig) -> Result<()> {
+    if config.stride.is_some_and(|s| s != config.window) {
+        return Err(Error::invalid("--stride has no meaning in --mode packed"));
+    }
+    if config.pad_id.is_some() {
+        return Err(Error::invalid(
+            "--pad-id has no meaning in --mode packed: packed rows have no padding",
+        ));
+    }
+    if config.rewindow {
+        return Err(Error::invalid("--rewindow only applies to --mode stream"));
+    }
+    Ok(())
+}
+
 /// Refuses a plan of no step: fewer observations than one global batch.
 fn check_serves(dataset: &Dataset, config: &ViewConfig, plan: &Plan, stride: u64) -> Result<()> {
     if plan.steps_per_epoch() > 0 {
@@ -335,6 +419,7 @@ fn check_serves(dataset: &Dataset, config: &ViewConfig, plan: &Plan, stride: u64
             config.window
         ),
         Mode::Documents => format!("the dataset has {n_obs} documents"),
+        Mode::Packed => format!("the dataset packs into {n_obs} rows per epoch"),
     };
     Err(Error::invalid(format!(
         "{what}, fewer than one global batch of {} (batch size {} x {} ranks): nothing to \
@@ -343,7 +428,7 @@ fn check_serves(dataset: &Dataset, config: &ViewConfig, plan: &Plan, stride: u64
         config.batch_size,
         config.ranks,
         match config.mode {
-            Mode::Stream => "--window, --batch-size or --ranks",
+            Mode::Stream | Mode::Packed => "--window, --batch-size or --ranks",
             Mode::Documents => "--batch-size or --ranks",
         }
     )))

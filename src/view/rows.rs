@@ -17,6 +17,9 @@ impl View {
     /// many bytes that is: `min(buf.len(), len - offset)`, 0 at or past the end. Only the
     /// shard bytes of the rows the range covers are read, one pread per row piece.
     pub fn read_step_npy(&self, key: StepKey, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        if let Some(packed) = &self.packed {
+            return self.read_packed_npy(packed, key, offset, buf);
+        }
         // The observations of the rows this range touches, computed together (batched
         // permutation), then looked up row by row.
         let header_len = self.npy_header.len() as u64;
@@ -97,7 +100,7 @@ impl View {
             let out = &mut buf[filled..filled + take];
             let obs = observation(row)?;
             match self.mode {
-                Mode::Stream => {
+                Mode::Stream | Mode::Packed => {
                     self.read_records(self.windows.first_record(obs), within, out)?;
                 }
                 Mode::Documents => {
@@ -137,6 +140,51 @@ impl View {
         Ok(())
     }
 
+    /// Reads `S.npy` of packed mode: row `j` is the packed row at position
+    /// `step * G + j * ranks + rank` of the epoch (`packed.rs`).
+    fn read_packed_npy(
+        &self,
+        packed: &super::packed::Packed,
+        key: StepKey,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let header = &self.npy_header;
+        let header_len = header.len() as u64;
+        let row_bytes = self.window * self.out_itemsize;
+        let len = header_len + self.plan.batch_size() * row_bytes;
+        if offset >= len {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(len - offset) as usize;
+        let buf = &mut buf[..n];
+        let mut filled = 0usize;
+        if offset < header_len {
+            let take = ((header_len - offset) as usize).min(n);
+            buf[..take].copy_from_slice(&header[offset as usize..offset as usize + take]);
+            filled = take;
+        }
+        let mut data_pos = (offset + filled as u64).saturating_sub(header_len);
+        let data_end = offset + n as u64 - header_len;
+        while data_pos < data_end {
+            let row = data_pos / row_bytes;
+            let within = data_pos % row_bytes;
+            let take = (row_bytes - within).min(data_end - data_pos) as usize;
+            let (block, r) = packed.row(&self.dataset, key.epoch, self.plan.position(key, row))?;
+            super::packed::fill_row(
+                &self.dataset,
+                block.row(r),
+                &self.bos_record,
+                within,
+                &mut buf[filled..filled + take],
+                |start, within, out| self.read_records(start, within, out),
+            )?;
+            filled += take;
+            data_pos += take as u64;
+        }
+        Ok(n)
+    }
+
     /// Size of `observation/I.npy`.
     pub fn observation_npy_len(&self, observation: u64) -> Result<u64> {
         let (header, records) = self.observation_shape(observation)?;
@@ -147,6 +195,8 @@ impl View {
         let records = match self.mode {
             Mode::Stream => self.window,
             Mode::Documents => self.dataset.document(observation)?.len,
+            // Packed rows exist per epoch only: no `observation/` files.
+            Mode::Packed => return Err(Error::NotFound),
         };
         let header = npy::header(&self.served_descr(), &[records])?;
         Ok((header, records))
@@ -178,6 +228,7 @@ impl View {
             let start = match self.mode {
                 Mode::Stream => self.windows.first_record(observation),
                 Mode::Documents => self.dataset.document(observation)?.start,
+                Mode::Packed => return Err(Error::NotFound),
             };
             self.read_records(start, within, &mut buf[filled..])?;
         }

@@ -61,6 +61,7 @@ mod mounted;
 mod ops;
 mod options;
 mod out_dtype;
+mod packed;
 mod parsers;
 mod prefill;
 mod provenance;
