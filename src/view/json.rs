@@ -442,7 +442,7 @@ impl View {
             let position = self.plan.position(key, row);
             let (block, r) = packed.row(&self.dataset, key.epoch, position)?;
             let (mut pieces, mut sources, mut at) = (Vec::new(), Vec::new(), 0u64);
-            for p in block.row(r) {
+            for p in block.rows.row(r) {
                 let doc = self.dataset.document(p.doc)?;
                 let tokens = p.doc_tokens().end;
                 pieces.push(PackedPieceJson {

@@ -8,6 +8,7 @@
 //! one, then the document's first records. Document lengths come from the dataset's
 //! document index; whether a document already starts with the BOS from its first record.
 
+use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 
@@ -27,7 +28,24 @@ const BLOCKS_KEPT: usize = 8;
 #[derive(Debug)]
 pub(super) struct Packed {
     packer: Packer,
-    blocks: Mutex<LruCache<(u64, u64), Arc<PackedBlock>>>,
+    blocks: Mutex<LruCache<(u64, u64), Arc<Block>>>,
+}
+
+/// A packed block and the first record of each of its documents (read while packing it).
+#[derive(Debug)]
+pub(super) struct Block {
+    pub(super) rows: PackedBlock,
+    starts: HashMap<u64, u64>,
+}
+
+impl Block {
+    /// The first stream record of document `doc` of this block.
+    pub(super) fn start(&self, dataset: &Dataset, doc: u64) -> Result<u64> {
+        match self.starts.get(&doc) {
+            Some(&s) => Ok(s),
+            None => Ok(dataset.document(doc)?.start),
+        }
+    }
 }
 
 /// `info.json`'s `packing`: what the packer was told and what it measured.
@@ -153,7 +171,7 @@ impl Packed {
         dataset: &Dataset,
         epoch: u64,
         position: u64,
-    ) -> Result<(Arc<PackedBlock>, usize)> {
+    ) -> Result<(Arc<Block>, usize)> {
         let at = self.packer.locate(epoch, position).ok_or_else(|| {
             Error::invalid(format!("packed row {position} is past the epoch's rows"))
         })?;
@@ -163,11 +181,15 @@ impl Packed {
         }
         let bos = self.packer.config().bos;
         let mut lens = DocLens::new(dataset, bos);
-        let block = Arc::new(
-            self.packer
-                .pack_block(epoch, at.block, |d| lens.get(d))
-                .map_err(packing_error)?,
-        );
+        lens.starts = Some(HashMap::new());
+        let rows = self
+            .packer
+            .pack_block(epoch, at.block, |d| lens.get(d))
+            .map_err(packing_error)?;
+        let block = Arc::new(Block {
+            rows,
+            starts: lens.starts.take().unwrap_or_default(),
+        });
         self.blocks
             .lock()
             .expect("blocks lock")
@@ -181,6 +203,7 @@ impl Packed {
 /// record `start` on.
 pub(super) fn fill_row(
     dataset: &Dataset,
+    block: &Block,
     pieces: &[Piece],
     bos: &[u8],
     within: u64,
@@ -205,8 +228,7 @@ pub(super) fn fill_row(
             }
             if !dst.is_empty() {
                 let skip = pos - if p.bos_prepended { size } else { 0 };
-                let start = dataset.document(p.doc)?.start;
-                read(start, skip, dst)?;
+                read(block.start(dataset, p.doc)?, skip, dst)?;
             }
         }
         at = piece_end;
@@ -221,6 +243,8 @@ struct DocLens<'a> {
     bos: Option<u64>,
     first: u64,
     extents: Vec<(u64, u64)>,
+    /// When set, the first record of every document asked for.
+    starts: Option<HashMap<u64, u64>>,
 }
 
 /// Documents whose extents one batched read fetches.
@@ -233,6 +257,7 @@ impl<'a> DocLens<'a> {
             bos,
             first: 0,
             extents: Vec::new(),
+            starts: None,
         }
     }
 
@@ -249,6 +274,9 @@ impl<'a> DocLens<'a> {
             let doc = self.dataset.document(d)?;
             (doc.start, doc.len)
         };
+        if let Some(starts) = self.starts.as_mut() {
+            starts.insert(d, start);
+        }
         let starts_with_bos = match self.bos {
             Some(bos) if len > 0 => self.dataset.token_at(start)? == i128::from(bos),
             _ => false,

@@ -173,7 +173,8 @@ impl View {
             let (block, r) = packed.row(&self.dataset, key.epoch, self.plan.position(key, row))?;
             super::packed::fill_row(
                 &self.dataset,
-                block.row(r),
+                &block,
+                block.rows.row(r),
                 &self.bos_record,
                 within,
                 &mut buf[filled..filled + take],
