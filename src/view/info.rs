@@ -92,6 +92,9 @@ pub struct Info {
     /// The directories whose listing that bound cuts short, with their true number of names
     /// (every name stays reachable by its path).
     pub truncated_listings: Vec<TruncatedListing>,
+    /// `--rewindow`: each epoch's windows start at a phase drawn from (seed, epoch).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub rewindow: bool,
     /// Packed mode: the packing's parameters and figures.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub packing: Option<super::PackingInfo>,
@@ -125,6 +128,8 @@ pub(super) struct Geometry {
     pub(super) out_dtype: Option<ScalarType>,
     /// Packed mode: `info.json`'s `packing` and the fingerprint's line.
     pub(super) packing: Option<(super::PackingInfo, String)>,
+    /// `--rewindow`.
+    pub(super) rewindow: bool,
 }
 
 impl Info {
@@ -180,6 +185,7 @@ impl Info {
                     listed: g.max_listing,
                 })
                 .collect(),
+            rewindow: g.rewindow,
             packing: g.packing.as_ref().map(|p| p.0.clone()),
             dataset: dataset.dir().display().to_string(),
             shufflefs_version: env!("CARGO_PKG_VERSION"),
@@ -224,6 +230,9 @@ fn fingerprint(info: &Info, manifest: &Manifest, packing: Option<&str>) -> Strin
     }
     if let Some(line) = packing {
         canonical.push_str(line);
+    }
+    if info.rewindow {
+        canonical.push_str("rewindow=1\n");
     }
     for s in &manifest.shards {
         canonical.push_str(&format!("shard={},{}\n", s.bytes, s.hash));

@@ -383,7 +383,7 @@ impl View {
         };
         match self.mode {
             Mode::Stream | Mode::Packed => {
-                let first = |o| self.windows.first_record(o);
+                let first = move |o| self.windows.first_record_in(key.epoch, o);
                 step.token_starts = Numbers::new(observations().map(first));
                 *step.sources.rows.borrow_mut() =
                     Some(Box::new(observations().map(move |o| (first(o), window))));

@@ -173,12 +173,18 @@ impl View {
         let stride = config.stride.unwrap_or(config.window);
         let out = Convert::new(record, config.out_dtype)?;
         let out_itemsize = out.map_or(itemsize, |c| c.to.size() as u64);
-        let windows = Windows::new(
+        let mut windows = Windows::new(
             dataset.n_records(),
             config.window,
             stride,
             itemsize.max(out_itemsize),
         )?;
+        if config.rewindow {
+            if config.mode != Mode::Stream {
+                return Err(Error::invalid("--rewindow only applies to --mode stream"));
+            }
+            windows = windows.rewindowed(config.seed);
+        }
         let packed = match config.mode {
             Mode::Packed => Some(packed::Packed::new(
                 &dataset,
@@ -212,7 +218,7 @@ impl View {
         check_serves(&dataset, config, &plan, stride)?;
         // Every file must be numberable; checked here so `plan` and `bench` refuse exactly
         // what `mount` refuses.
-        Inodes::new(shape_of(&plan, config.mode))?;
+        Inodes::new(shape_of(&plan, config))?;
         let descr = out.map_or_else(
             || record.npy_descr(),
             |c| RecordType::scalar(c.to).npy_descr(),
@@ -237,6 +243,7 @@ impl View {
             max_listing: config.max_listing,
             out_dtype: out.map(|c| c.to),
             packing: packed.as_ref().map(|p| (p.info(), p.fingerprint_line())),
+            rewindow: config.rewindow,
         };
         let info = Info::new(&dataset, &plan, geometry);
         let served = |v: i128| match out {
@@ -274,10 +281,14 @@ impl View {
         View::new(Dataset::open(dir)?, config)
     }
 
-    /// The tree's shape: packed rows are per epoch, so packed mode has no `observation/` or
-    /// `lookup/` entries.
+    /// The tree's shape: packed rows and rewindowed windows are per epoch, so those mounts
+    /// have no `observation/` or `lookup/` entries.
     pub(crate) fn shape(&self) -> Shape {
-        shape_of(&self.plan, self.mode)
+        let mut shape = Shape::of(&self.plan);
+        if self.mode == Mode::Packed || self.info.rewindow {
+            shape.observations = 0;
+        }
+        shape
     }
 
     /// The plan.
@@ -381,10 +392,10 @@ fn observations(dataset: &Dataset, config: &ViewConfig, windows: &Windows) -> Re
     Ok(n_obs)
 }
 
-/// The tree's shape of `plan` in `mode` (see [`View::shape`]).
-fn shape_of(plan: &Plan, mode: Mode) -> Shape {
+/// The tree's shape of `plan` under `config` (see [`View::shape`]).
+fn shape_of(plan: &Plan, config: &ViewConfig) -> Shape {
     let mut shape = Shape::of(plan);
-    if mode == Mode::Packed {
+    if config.mode == Mode::Packed || config.rewindow {
         shape.observations = 0;
     }
     shape

@@ -30,11 +30,18 @@ impl View {
         let end = data_end.div_ceil(row_bytes).min(self.plan.batch_size());
         let mut rows = vec![0u64; end.saturating_sub(first) as usize];
         self.plan.observations(key).fill(first, &mut rows);
-        self.read_rows_npy(&self.npy_header, self.window, offset, buf, |row| {
-            rows.get(row.wrapping_sub(first) as usize)
-                .copied()
-                .ok_or_else(|| Error::invalid(format!("row {row} outside the rows computed")))
-        })
+        self.read_rows_npy(
+            &self.npy_header,
+            self.window,
+            key.epoch,
+            offset,
+            buf,
+            |row| {
+                rows.get(row.wrapping_sub(first) as usize)
+                    .copied()
+                    .ok_or_else(|| Error::invalid(format!("row {row} outside the rows computed")))
+            },
+        )
     }
 
     /// The whole `S.npy` for `key`.
@@ -63,11 +70,12 @@ impl View {
     }
 
     /// Reads a `.npy` made of `header` and rows of `row_records` records, row `r` being
-    /// observation `observation(r)`.
+    /// observation `observation(r)` of epoch `epoch`.
     fn read_rows_npy(
         &self,
         header: &[u8],
         row_records: u64,
+        epoch: u64,
         offset: u64,
         buf: &mut [u8],
         observation: impl Fn(u64) -> Result<u64>,
@@ -101,7 +109,8 @@ impl View {
             let obs = observation(row)?;
             match self.mode {
                 Mode::Stream | Mode::Packed => {
-                    self.read_records(self.windows.first_record(obs), within, out)?;
+                    let first = self.windows.first_record_in(epoch, obs);
+                    self.read_records(first, within, out)?;
                 }
                 Mode::Documents => {
                     if current.as_ref().is_none_or(|(r, _)| *r != row) {

@@ -6,9 +6,23 @@
 //! records of observation i = [i*stride, i*stride + window)
 //! ```
 //!
+//! With `--rewindow`, epoch `e`'s windows start at a phase instead of record 0, so a token
+//! sits at another position of its window each epoch; every epoch has as many windows as the
+//! largest phase leaves room for:
+//!
+//! ```text
+//! phase(e) = mix(mix(seed ^ "rewindow") ^ e) mod stride
+//! n_observations = floor((n_records - (stride - 1) - window) / stride) + 1
+//! records of observation i in epoch e = [phase(e) + i*stride, phase(e) + i*stride + window)
+//! ```
+//!
 //! Windows may cross shard boundaries; the dataset read splits them.
 
 use crate::error::{Error, Result};
+use crate::shuffle::feistel::mix;
+
+/// Domain of the rewindow phases ("rewindow" in ASCII).
+const DOMAIN_REWINDOW: u64 = 0x7265_7769_6e64_6f77;
 
 /// The window geometry over a stream of `n_records` records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,6 +30,8 @@ pub(crate) struct Windows {
     n_records: u64,
     window: u64,
     stride: u64,
+    /// `--rewindow`: the key of the epochs' phases.
+    rewindow: Option<u64>,
 }
 
 impl Windows {
@@ -38,21 +54,45 @@ impl Windows {
             n_records,
             window,
             stride,
+            rewindow: None,
         })
     }
 
-    /// Number of complete windows in the stream.
-    pub(crate) fn n_observations(&self) -> u64 {
-        if self.n_records < self.window {
-            0
-        } else {
-            (self.n_records - self.window) / self.stride + 1
+    /// The same geometry with `--rewindow` under `seed`.
+    pub(crate) fn rewindowed(self, seed: u64) -> Windows {
+        Windows {
+            rewindow: Some(mix(seed ^ DOMAIN_REWINDOW)),
+            ..self
         }
     }
 
-    /// First record of observation `i`.
+    /// Number of complete windows in the stream (in every epoch).
+    pub(crate) fn n_observations(&self) -> u64 {
+        let room = match self.rewindow {
+            Some(_) => self.window.saturating_add(self.stride - 1),
+            None => self.window,
+        };
+        if self.n_records < room {
+            0
+        } else {
+            (self.n_records - room) / self.stride + 1
+        }
+    }
+
+    /// The first record of epoch `epoch`'s windows: 0, or with `--rewindow` its phase.
+    pub(crate) fn phase(&self, epoch: u64) -> u64 {
+        self.rewindow
+            .map_or(0, |key| mix(key ^ epoch) % self.stride)
+    }
+
+    /// First record of observation `i` (of epoch 0 with `--rewindow`).
     pub(crate) fn first_record(&self, observation: u64) -> u64 {
         observation * self.stride
+    }
+
+    /// First record of observation `i` in epoch `epoch`.
+    pub(crate) fn first_record_in(&self, epoch: u64, observation: u64) -> u64 {
+        self.phase(epoch) + observation * self.stride
     }
 }
 
@@ -88,6 +128,32 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn rewindowed_epochs_fit_and_cover_each_token_at_most_once() {
+        for n in 0..80u64 {
+            for win in 1..9 {
+                for s in 1..9 {
+                    let g = Windows::new(n, win, s, 1).unwrap().rewindowed(5);
+                    let k = g.n_observations();
+                    for e in 0..6 {
+                        let phase = g.phase(e);
+                        assert!(phase < s);
+                        if k > 0 {
+                            assert!(g.first_record_in(e, k - 1) + win <= n, "{n} {win} {s} {e}");
+                            // At most the largest phase and one stride are lost at the ends.
+                            assert!(n - (g.first_record_in(e, k - 1) + win) < 2 * s + win);
+                        }
+                    }
+                }
+            }
+        }
+        // The phases are spread over [0, stride).
+        let g = Windows::new(1 << 20, 2049, 2048, 2).unwrap().rewindowed(1);
+        let phases: std::collections::HashSet<u64> = (0..64).map(|e| g.phase(e)).collect();
+        assert!(phases.len() > 60, "{phases:?}");
+        assert_eq!(Windows::new(1 << 20, 2049, 2048, 2).unwrap().phase(3), 0);
     }
 
     #[test]

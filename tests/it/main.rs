@@ -68,5 +68,6 @@ mod provenance;
 mod records;
 mod reftests;
 mod resume;
+mod rewindow;
 mod scale;
 mod trust;
