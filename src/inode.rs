@@ -97,6 +97,14 @@ kinds! { s;
     Node::ObservationJson(o) => Some(s.observations), o, |i| Node::ObservationJson(i);
     Node::LookupJson(e, o) => s.epochs.checked_mul(s.observations), e * s.observations + o,
         |i| Node::LookupJson(i / s.observations, i % s.observations);
+    Node::StepPos(k) => mask_count(s), step_index(s, k), |i| Node::StepPos(step_key(s, i));
+    Node::StepDocLens(k) => mask_count(s), step_index(s, k),
+        |i| Node::StepDocLens(step_key(s, i));
+}
+
+/// Mask files (`S.pos.npy`, `S.doclens.npy`) of every epoch and rank: one per step with masks.
+fn mask_count(s: &Shape) -> Option<u64> {
+    if s.masks { step_count(s) } else { Some(0) }
 }
 
 /// Step files of every epoch and rank.
@@ -174,7 +182,39 @@ mod tests {
             ranks,
             steps,
             observations,
+            masks: false,
         })
+    }
+
+    #[test]
+    fn mask_files_are_numbered_after_every_other_kind() {
+        let shape = Shape {
+            epochs: 2,
+            ranks: 3,
+            steps: 4,
+            observations: 5,
+            masks: true,
+        };
+        let with = Inodes::new(shape).unwrap();
+        let without = inodes(2, 3, 4, 5).unwrap();
+        let key = StepKey {
+            epoch: 1,
+            rank: 2,
+            step: 3,
+        };
+        // The other kinds keep their numbers; the masks come last, densely.
+        assert_eq!(
+            with.ino(Node::StepJson(key)),
+            without.ino(Node::StepJson(key))
+        );
+        let (pos, lens) = (
+            with.ino(Node::StepPos(key)),
+            with.ino(Node::StepDocLens(key)),
+        );
+        assert_eq!(with.node(pos), Some(Node::StepPos(key)));
+        assert_eq!(with.node(lens), Some(Node::StepDocLens(key)));
+        assert_eq!(lens, with.starts[KINDS] - 1);
+        assert_eq!(without.node(pos), None);
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! /epoch/E/                            dir    rank
 //! /epoch/E/rank/                       dir    0 .. ranks-1
 //! /epoch/E/rank/R/                     dir    step
-//! /epoch/E/rank/R/step/                dir    0.npy 0.json 1.npy 1.json ... (steps_per_epoch pairs)
+//! /epoch/E/rank/R/step/                dir    0.npy 0.json 1.npy 1.json ... (steps_per_epoch pairs;
+//!                                             with documents also 0.pos.npy 0.doclens.npy ...)
 //! /observation/                        dir    0.npy 0.json ... (n_observations pairs): unshuffled
 //! /lookup/epoch/E/observation/I.json   file   where observation I is trained in epoch E
 //! ```
@@ -48,6 +49,12 @@ pub enum Node {
     StepNpy(StepKey),
     /// `/epoch/E/rank/R/step/S.json`
     StepJson(StepKey),
+    /// `/epoch/E/rank/R/step/S.pos.npy` (datasets with documents): each token's position in
+    /// its document
+    StepPos(StepKey),
+    /// `/epoch/E/rank/R/step/S.doclens.npy` (datasets with documents): each row's document
+    /// lengths
+    StepDocLens(StepKey),
     /// `/observation`
     ObservationList,
     /// `/observation/I.npy`
@@ -83,6 +90,8 @@ impl Node {
             | Node::Stats
             | Node::StepNpy(_)
             | Node::StepJson(_)
+            | Node::StepPos(_)
+            | Node::StepDocLens(_)
             | Node::ObservationNpy(_)
             | Node::ObservationJson(_)
             | Node::LookupJson(..) => Kind::File,
@@ -119,7 +128,9 @@ impl Node {
             Node::RankList(e) => Node::Epoch(e),
             Node::Rank(e, _) => Node::RankList(e),
             Node::StepList(e, r) => Node::Rank(e, r),
-            Node::StepNpy(k) | Node::StepJson(k) => Node::StepList(k.epoch, k.rank),
+            Node::StepNpy(k) | Node::StepJson(k) | Node::StepPos(k) | Node::StepDocLens(k) => {
+                Node::StepList(k.epoch, k.rank)
+            }
             Node::ObservationNpy(_) | Node::ObservationJson(_) => Node::ObservationList,
             Node::LookupEpochList => Node::Lookup,
             Node::LookupEpoch(_) => Node::LookupEpochList,
@@ -167,6 +178,8 @@ pub(crate) struct Shape {
     pub(crate) steps: u64,
     /// Observations.
     pub(crate) observations: u64,
+    /// Whether each step also has `S.pos.npy` and `S.doclens.npy` (datasets with documents).
+    pub(crate) masks: bool,
 }
 
 impl Shape {
@@ -177,7 +190,13 @@ impl Shape {
             ranks: plan.ranks(),
             steps: plan.steps_per_epoch(),
             observations: plan.n_observations(),
+            masks: false,
         }
+    }
+
+    /// Files per step: `S.npy`, `S.json`, and with masks `S.pos.npy`, `S.doclens.npy`.
+    pub(crate) fn files_per_step(&self) -> u64 {
+        if self.masks { 4 } else { 2 }
     }
 
     /// The node named `name` in directory `parent`: `NotADirectory` under a file, `NotFound`
@@ -197,11 +216,18 @@ impl Shape {
             Node::Rank(e, r) => (name == b"step").then_some(Node::StepList(e, r)),
             Node::StepList(epoch, rank) => {
                 let key = |step| StepKey { epoch, rank, step };
+                let mask = |suffix: &[u8], node: fn(StepKey) -> Node| {
+                    self.masks
+                        .then(|| parse_file(name, self.steps, suffix).map(|s| node(key(s))))
+                        .flatten()
+                };
                 parse_file(name, self.steps, b".npy")
                     .map(|s| Node::StepNpy(key(s)))
                     .or_else(|| {
                         parse_file(name, self.steps, b".json").map(|s| Node::StepJson(key(s)))
                     })
+                    .or_else(|| mask(b".pos.npy", Node::StepPos))
+                    .or_else(|| mask(b".doclens.npy", Node::StepDocLens))
             }
             Node::ObservationList => parse_file(name, self.observations, b".npy")
                 .map(Node::ObservationNpy)
@@ -229,7 +255,7 @@ impl Shape {
             Node::EpochList | Node::LookupEpochList => self.epochs,
             Node::Epoch(_) | Node::Rank(..) | Node::Lookup | Node::LookupEpoch(_) => 1,
             Node::RankList(_) => self.ranks,
-            Node::StepList(..) => 2 * self.steps,
+            Node::StepList(..) => self.files_per_step() * self.steps,
             Node::ObservationList => 2 * self.observations,
             Node::LookupObservationList(_) => self.observations,
             _ => 0, // files
@@ -255,12 +281,17 @@ impl Shape {
             Node::RankList(e) => (Node::Rank(e, index), index.to_string()),
             Node::Rank(e, r) => (Node::StepList(e, r), "step".to_string()),
             Node::StepList(epoch, rank) => {
+                let per = self.files_per_step();
                 let key = StepKey {
                     epoch,
                     rank,
-                    step: index / 2,
+                    step: index / per,
                 };
-                pair(index, Node::StepNpy(key), Node::StepJson(key), key.step)
+                match index % per {
+                    2 => (Node::StepPos(key), format!("{}.pos.npy", key.step)),
+                    3 => (Node::StepDocLens(key), format!("{}.doclens.npy", key.step)),
+                    i => pair(i, Node::StepNpy(key), Node::StepJson(key), key.step),
+                }
             }
             Node::ObservationList => {
                 let o = index / 2;
@@ -278,14 +309,14 @@ impl Shape {
 /// The directories whose number of names grows with the plan, as path patterns, with that
 /// number (every other directory holds one to five names). `info.json` reports those a
 /// bounded listing cuts short.
-pub(crate) fn listing_sizes(plan: &Plan) -> [(&'static str, u64); 6] {
-    let (epochs, observations) = (plan.epochs(), plan.n_observations());
+pub(crate) fn listing_sizes(shape: &Shape) -> [(&'static str, u64); 6] {
+    let (epochs, observations) = (shape.epochs, shape.observations);
     [
         ("epoch", epochs),
-        ("epoch/E/rank", plan.ranks()),
+        ("epoch/E/rank", shape.ranks),
         (
             "epoch/E/rank/R/step",
-            plan.steps_per_epoch().saturating_mul(2),
+            shape.steps.saturating_mul(shape.files_per_step()),
         ),
         ("observation", observations.saturating_mul(2)),
         ("lookup/epoch", epochs),
@@ -354,6 +385,7 @@ mod tests {
             ranks: 3,
             steps: 4,
             observations: 5,
+            masks: true,
         };
         let mut dirs = vec![Node::Root];
         let mut seen = 0;
@@ -368,8 +400,9 @@ mod tests {
                 seen += 1;
             }
         }
-        // Files: step files, observations, lookups, info and stats; directories but the root.
-        let files = 2 * 3 * 4 * 2 + 5 * 2 + 2 * 5 + 2;
+        // Files: step files (npy, json, pos, doclens), observations, lookups, info and stats;
+        // directories but the root.
+        let files = 2 * 3 * 4 * 4 + 5 * 2 + 2 * 5 + 2;
         let dirs = 3 + 2 * (2 + 3 * 2) + 1 + 2 * 2;
         assert_eq!(seen, files + dirs);
         assert_eq!(

@@ -27,7 +27,7 @@ use crate::inode::Inodes;
 use crate::prefetch::{PrefetchConfig, Prefetcher};
 use crate::shuffle::plan::StepKey;
 use crate::tree::Shape;
-use crate::view::View;
+use crate::view::{Mask, View};
 
 mod read;
 
@@ -381,6 +381,8 @@ impl ShuffleFs {
             Node::Info => v.info_json().len() as u64,
             Node::Stats => self.stats_json().len() as u64,
             Node::StepNpy(_) => v.step_npy_len(),
+            Node::StepPos(_) => v.step_mask_len(Mask::Positions)?,
+            Node::StepDocLens(_) => v.step_mask_len(Mask::DocLens)?,
             // Measured without writing it (a listing's `ls -l` stats thousands): see
             // `View::step_json_len`. A read renders it (and caches it) as before.
             Node::StepJson(key) => match self.json_if_cached(node) {

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::prefetch::Claim;
 use crate::shuffle::plan::StepKey;
 use crate::tree::Node;
-use crate::view::{json_len, json_range};
+use crate::view::{Mask, json_len, json_range};
 
 /// How long a read that missed the cache waits for the prefetcher to finish assembling the same
 /// step before assembling it itself. A worker normally needs well under a millisecond; the
@@ -135,6 +135,9 @@ impl ReadJob {
                 let n = v.read_observation_npy(i, offset, buf)?;
                 Ok(Bytes::Borrowed(&scratch[..n]))
             }
+            Node::StepPos(key) | Node::StepDocLens(key) => {
+                Ok(shared(fs.mask_bytes(node, key)?, offset, size))
+            }
             Node::StepJson(_) | Node::ObservationJson(_) | Node::LookupJson(..) => {
                 match fs.cached_json(node)? {
                     Ok(bytes) => Ok(shared(bytes, offset, size)),
@@ -205,12 +208,14 @@ impl ShuffleFs {
                 }
             }
             Node::ObservationNpy(_) => return Ok(job),
-            Node::StepJson(_) | Node::ObservationJson(_) | Node::LookupJson(..) => {
-                match self.json_cache_get(node) {
-                    Some(bytes) => shared(bytes, offset, size),
-                    None => return Ok(job),
-                }
-            }
+            Node::StepJson(_)
+            | Node::ObservationJson(_)
+            | Node::LookupJson(..)
+            | Node::StepPos(_)
+            | Node::StepDocLens(_) => match self.json_cache_get(node) {
+                Some(bytes) => shared(bytes, offset, size),
+                None => return Ok(job),
+            },
             Node::Info => {
                 let info = self.view.info_json();
                 Bytes::Borrowed(&info[range(info.len(), offset, size)])
@@ -304,6 +309,21 @@ impl ShuffleFs {
 
     /// The bytes of a JSON file from the cache, rendering and caching them when small;
     /// `Err(len)` for files too large to cache (rendered range by range instead).
+    /// The bytes of masking array `node` of step `key`, rendered once and kept in the JSON
+    /// cache (they are small: `batch_size * window` 4- or 8-byte values).
+    fn mask_bytes(&self, node: Node, key: StepKey) -> Result<Arc<[u8]>> {
+        if let Some(bytes) = self.json_cache_get(node) {
+            return Ok(bytes);
+        }
+        let mask = match node {
+            Node::StepPos(_) => Mask::Positions,
+            _ => Mask::DocLens,
+        };
+        let bytes: Arc<[u8]> = self.view.step_mask_npy(key, mask)?.into();
+        self.json_cache().put(node, bytes.clone());
+        Ok(bytes)
+    }
+
     pub(super) fn cached_json(&self, node: Node) -> Result<std::result::Result<Arc<[u8]>, u64>> {
         if let Some(bytes) = self.json_cache_get(node) {
             return Ok(Ok(bytes));

@@ -130,6 +130,8 @@ pub(super) struct Geometry {
     pub(super) packing: Option<(super::PackingInfo, String)>,
     /// `--rewindow`.
     pub(super) rewindow: bool,
+    /// The tree's shape (for the listings a bound cuts short).
+    pub(super) shape: crate::tree::Shape,
 }
 
 impl Info {
@@ -176,7 +178,7 @@ impl Info {
             fingerprint: String::new(),
             layout_fingerprint: String::new(),
             max_listing: g.max_listing,
-            truncated_listings: listing_sizes(plan)
+            truncated_listings: listing_sizes(&g.shape)
                 .into_iter()
                 .filter(|&(_, names)| g.max_listing > 0 && names > g.max_listing)
                 .map(|(dir, names)| TruncatedListing {

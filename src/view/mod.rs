@@ -30,12 +30,14 @@ use crate::tree::{DEFAULT_MAX_LISTING, Shape};
 mod convert;
 mod info;
 mod json;
+mod masks;
 mod packed;
 mod rows;
 mod window;
 
 pub use info::{Info, TruncatedListing};
 pub(crate) use json::{json_len, json_range};
+pub(crate) use masks::Mask;
 pub use packed::PackingInfo;
 
 use convert::Convert;
@@ -218,7 +220,8 @@ impl View {
         check_serves(&dataset, config, &plan, stride)?;
         // Every file must be numberable; checked here so `plan` and `bench` refuse exactly
         // what `mount` refuses.
-        Inodes::new(shape_of(&plan, config))?;
+        let shape = shape_of(&plan, config, dataset.has_documents());
+        Inodes::new(shape)?;
         let descr = out.map_or_else(
             || record.npy_descr(),
             |c| RecordType::scalar(c.to).npy_descr(),
@@ -244,6 +247,7 @@ impl View {
             out_dtype: out.map(|c| c.to),
             packing: packed.as_ref().map(|p| (p.info(), p.fingerprint_line())),
             rewindow: config.rewindow,
+            shape,
         };
         let info = Info::new(&dataset, &plan, geometry);
         let served = |v: i128| match out {
@@ -282,12 +286,13 @@ impl View {
     }
 
     /// The tree's shape: packed rows and rewindowed windows are per epoch, so those mounts
-    /// have no `observation/` or `lookup/` entries.
+    /// have no `observation/` or `lookup/` entries; a dataset with documents has masks.
     pub(crate) fn shape(&self) -> Shape {
         let mut shape = Shape::of(&self.plan);
         if self.mode == Mode::Packed || self.info.rewindow {
             shape.observations = 0;
         }
+        shape.masks = self.dataset.has_documents();
         shape
     }
 
@@ -393,11 +398,12 @@ fn observations(dataset: &Dataset, config: &ViewConfig, windows: &Windows) -> Re
 }
 
 /// The tree's shape of `plan` under `config` (see [`View::shape`]).
-fn shape_of(plan: &Plan, config: &ViewConfig) -> Shape {
+fn shape_of(plan: &Plan, config: &ViewConfig, masks: bool) -> Shape {
     let mut shape = Shape::of(plan);
     if config.mode == Mode::Packed || config.rewindow {
         shape.observations = 0;
     }
+    shape.masks = masks;
     shape
 }
 

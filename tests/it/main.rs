@@ -56,6 +56,7 @@ mod formats;
 mod golden;
 mod inject;
 mod inputs;
+mod masks;
 mod model;
 mod mounted;
 mod ops;
