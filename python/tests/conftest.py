@@ -94,6 +94,8 @@ PLANS: Dict[str, Dict[str, Any]] = {
     "stream": dict(window=65, stride=64, batch_size=4, ranks=3, seed=11, epochs=2),
     "documents": dict(window=16, batch_size=3, ranks=2, seed=3, epochs=2),
     "documents-mode": dict(window=24, batch_size=2, ranks=2, seed=9, mode="documents", pad_id=7),
+    "documents-packed": dict(window=32, batch_size=2, ranks=2, seed=4, epochs=2, mode="packed", bos=1),
+    "stream-rewindow": dict(window=65, stride=64, batch_size=4, ranks=3, seed=11, epochs=2, rewindow=True),
     "records": dict(window=33, stride=17, batch_size=5, ranks=2, seed=2, epochs=2),
 }
 
