@@ -51,7 +51,7 @@ struct StepJson<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     rows: Option<Rows<'a>>,
     /// Each row's records as stored: `{"file","offset","records"}` per shard piece.
-    sources: Sources<'a>,
+    files: Sources<'a>,
     fingerprint: &'a str,
 }
 
@@ -65,7 +65,7 @@ struct PackedStepJson<'a> {
     /// Each row's position in the epoch's packed rows.
     observations: Vec<u64>,
     rows: Vec<Vec<PackedPieceJson>>,
-    sources: Vec<Vec<PieceJson<'a>>>,
+    files: Vec<Vec<PieceJson<'a>>>,
     fingerprint: &'a str,
 }
 
@@ -375,7 +375,7 @@ impl View {
             truncated: None,
             meta: None,
             rows: None,
-            sources: Sources {
+            files: Sources {
                 rows: RefCell::new(None),
                 view: self,
             },
@@ -385,7 +385,7 @@ impl View {
             Mode::Stream | Mode::Packed => {
                 let first = move |o| self.windows.first_record_in(key.epoch, o);
                 step.token_starts = Numbers::new(observations().map(first));
-                *step.sources.rows.borrow_mut() =
+                *step.files.rows.borrow_mut() =
                     Some(Box::new(observations().map(move |o| (first(o), window))));
                 let rows = observations().map(move |o| (first(o), window, None));
                 step.rows = has_documents.then(|| Rows {
@@ -400,7 +400,7 @@ impl View {
                 step.token_starts = Numbers::new(docs.iter().map(|d| d.start));
                 step.lengths = Some(Numbers::new(docs.iter().map(move |d| d.len.min(window))));
                 step.truncated = Some(docs.iter().map(|d| d.len > window).collect());
-                *step.sources.rows.borrow_mut() = Some(Box::new(
+                *step.files.rows.borrow_mut() = Some(Box::new(
                     docs.iter().map(move |d| (d.start, d.len.min(window))),
                 ));
                 step.meta = Some(Metas {
@@ -435,7 +435,7 @@ impl View {
             global_step: self.plan.global_step(key),
             observations: Vec::new(),
             rows: Vec::new(),
-            sources: Vec::new(),
+            files: Vec::new(),
             fingerprint: &self.info.fingerprint,
         };
         for row in 0..self.plan.batch_size() {
@@ -465,7 +465,7 @@ impl View {
             }
             value.observations.push(position);
             value.rows.push(pieces);
-            value.sources.push(sources);
+            value.files.push(sources);
         }
         Ctx::new(self, None).write(w, &value)
     }

@@ -1641,13 +1641,13 @@ fn edit_manifest(
     }
 }
 
-/// Whether two `S.json` files differ only in `sources`: the provenance names shard files as
+/// Whether two `S.json` files differ only in `files`: the provenance names shard files as
 /// the manifest lists them, which the fingerprint (content, not names) does not cover
 /// (docs/SEMANTICS.md section 7).
 fn same_but_sources(a: &[u8], b: &[u8]) -> bool {
     let strip = |bytes: &[u8]| {
         let mut v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-        v.as_object_mut()?.remove("sources")?;
+        v.as_object_mut()?.remove("files")?;
         Some(v)
     };
     matches!((strip(a), strip(b)), (Some(x), Some(y)) if x == y)

@@ -35,7 +35,7 @@ fn run(args: &[&str]) -> Vec<u8> {
 
 /// What differs between two runs of the same case, replaced by fixed text: the dataset
 /// directory's path (info.json), the temp dir of in-place inputs and the random part of shard
-/// file names (S.json's `sources`).
+/// file names (S.json's `files`).
 fn masked(bytes: &[u8], dataset: &Path) -> Vec<u8> {
     let text = String::from_utf8(bytes.to_vec()).unwrap();
     let path = dataset.canonicalize().unwrap();

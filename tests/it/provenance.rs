@@ -1,4 +1,4 @@
-//! `S.json`'s `sources`: for every row, the pieces of shard files holding its records. Each
+//! `S.json`'s `files`: for every row, the pieces of shard files holding its records. Each
 //! piece read straight from the file it names, at its offset, must be that part of the row in
 //! `S.npy` (copied shards, rows across shard boundaries, documents mode, an in-place llm.c
 //! file whose tokens start 1,024 bytes in).
@@ -23,7 +23,7 @@ fn check_sources(fs: &ShuffleFs, dataset: &Path) -> usize {
         for st in 0..info.steps_per_epoch {
             let npy = read_all(fs, &format!("epoch/0/rank/{r}/step/{st}.npy"));
             let json = json_at(fs, &format!("epoch/0/rank/{r}/step/{st}.json"));
-            let rows = json["sources"].as_array().unwrap();
+            let rows = json["files"].as_array().unwrap();
             assert_eq!(rows.len() as u64, info.batch_size);
             for (j, pieces) in rows.iter().enumerate() {
                 let row = &npy[header + j * row_bytes..][..row_bytes];
@@ -99,7 +99,7 @@ fn sources_of_an_in_place_llmc_file_include_its_header() {
     let fs = ShuffleFs::new(view).unwrap();
     check_sources(&fs, &ds);
     let first = json_at(&fs, "epoch/0/rank/0/step/0.json");
-    let offset = first["sources"][0][0]["offset"].as_u64().unwrap();
+    let offset = first["files"][0][0]["offset"].as_u64().unwrap();
     assert!(
         offset >= 1024 && (offset - 1024).is_multiple_of(2),
         "{first}"
