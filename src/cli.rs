@@ -246,15 +246,20 @@ pub enum MegatronUnitArg {
 /// The options that define the plan: shared by `mount` and `plan`.
 #[derive(Debug, Args, Clone)]
 pub struct PlanOptions {
+    /// A run configuration (TOML): a mixture of datasets with weights and a schedule, and the
+    /// plan (window, batch_size, ranks, seed, steps_per_epoch, epochs); replaces DATASET_DIR
+    /// and the plan flags.
+    #[arg(long, value_name = "RUN.toml", help_heading = PLAN_HEADING)]
+    pub config: Option<PathBuf>,
     /// Tokens per observation (row). For next-token training use T+1 with --stride T.
-    #[arg(long, value_parser = ranged(1, MAX_WINDOW), help_heading = PLAN_HEADING)]
-    pub window: u64,
+    #[arg(long, value_parser = ranged(1, MAX_WINDOW), required_unless_present = "config", help_heading = PLAN_HEADING)]
+    pub window: Option<u64>,
     /// Tokens between observation starts [default: --window].
     #[arg(long, value_parser = ranged(1, u64::MAX), help_heading = PLAN_HEADING)]
     pub stride: Option<u64>,
     /// Rows per step file, per rank.
-    #[arg(long, value_parser = ranged(1, MAX_BATCH_SIZE), help_heading = PLAN_HEADING)]
-    pub batch_size: u64,
+    #[arg(long, value_parser = ranged(1, MAX_BATCH_SIZE), required_unless_present = "config", help_heading = PLAN_HEADING)]
+    pub batch_size: Option<u64>,
     /// Number of ranks (data-parallel processes).
     #[arg(long, default_value_t = 1, value_parser = ranged(1, MAX_RANKS), help_heading = PLAN_HEADING)]
     pub ranks: u64,
@@ -306,10 +311,11 @@ pub enum ModeArg {
 /// `shufflefs mount`.
 #[derive(Debug, Args)]
 pub struct MountArgs {
-    /// The packed dataset directory.
+    /// The packed dataset directory (with --config, give only MOUNTPOINT).
     pub dataset_dir: PathBuf,
     /// Where to mount (an existing directory).
-    pub mountpoint: PathBuf,
+    #[arg(required_unless_present = "config")]
+    pub mountpoint: Option<PathBuf>,
     /// The plan.
     #[command(flatten)]
     pub plan: PlanOptions,
@@ -435,8 +441,9 @@ pub struct InspectArgs {
 /// `shufflefs plan`.
 #[derive(Debug, Args)]
 pub struct PlanArgs {
-    /// The packed dataset directory.
-    pub dataset_dir: PathBuf,
+    /// The packed dataset directory (not with --config).
+    #[arg(required_unless_present = "config")]
+    pub dataset_dir: Option<PathBuf>,
     /// Ignored (so a mount command line can be pasted as it is).
     #[arg(value_name = "MOUNTPOINT")]
     pub mountpoint: Option<PathBuf>,

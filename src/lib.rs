@@ -39,6 +39,7 @@ pub mod mount;
 pub mod pack;
 pub mod prefetch;
 mod prefill;
+pub mod runconfig;
 mod shuffle;
 mod stats;
 mod storage;

@@ -38,9 +38,10 @@ pub fn run(command: Command) -> Result<()> {
 impl From<&PlanOptions> for ViewConfig {
     fn from(p: &PlanOptions) -> ViewConfig {
         ViewConfig {
-            window: p.window,
+            // Required by clap without --config (a missing value is refused as 0).
+            window: p.window.unwrap_or(0),
             stride: p.stride,
-            batch_size: p.batch_size,
+            batch_size: p.batch_size.unwrap_or(0),
             ranks: p.ranks,
             seed: p.seed,
             epochs: p.epochs,

@@ -38,6 +38,17 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
         plan,
         options: args,
     } = command;
+    // With --config the one path given is the mount point.
+    let (dataset_dir, mountpoint) = match (&plan.config, mountpoint) {
+        (Some(config), None) => (config.clone(), dataset_dir),
+        (Some(_), Some(_)) => {
+            return Err(Error::invalid(
+                "with --config give only MOUNTPOINT: the run configuration names the datasets",
+            ));
+        }
+        (None, Some(m)) => (dataset_dir, m),
+        (None, None) => return Err(Error::invalid("MOUNTPOINT is required")),
+    };
     let fd_limit = raise_open_file_limit();
     // Taken before anything else opens files: the daemon points its standard descriptors at
     // /dev/null even when the dataset uses every other descriptor it may (a caller's stderr
@@ -110,6 +121,25 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
     daemonize(fs, cache, &mountpoint, &options, &dataset, (null, log_file))
 }
 
+/// The view of the run configuration `path` (`--config`): the plan flags come from the file,
+/// so giving them too is refused.
+pub(crate) fn open_mixture(
+    path: &Path,
+    plan: &crate::cli::PlanOptions,
+    max_listing: u64,
+    max_open: usize,
+) -> Result<View> {
+    if plan.window.is_some() || plan.batch_size.is_some() || plan.stride.is_some() {
+        return Err(Error::invalid(
+            "--config defines the plan: give --window, --batch-size and --stride in the run \
+             configuration, not on the command line",
+        ));
+    }
+    let mut config = crate::runconfig::RunConfig::read(path)?;
+    config.view.max_listing = max_listing;
+    View::mixture(&config, max_open)
+}
+
 /// Opens the dataset and its view as the flags say, and logs what it serves.
 fn open_view(
     dataset_dir: &Path,
@@ -117,6 +147,19 @@ fn open_view(
     args: &crate::cli::MountFlags,
     max_open: usize,
 ) -> Result<View> {
+    if let Some(path) = &plan.config {
+        let view = open_mixture(path, plan, args.max_listing, max_open)?;
+        info!(
+            "mixture {}: {} sources, {} steps/epoch x {} ranks x {} epochs, fingerprint {}",
+            path.display(),
+            view.info().mixture.as_ref().map_or(0, |m| m.sources.len()),
+            view.info().steps_per_epoch,
+            view.info().ranks,
+            view.info().epochs,
+            view.fingerprint()
+        );
+        return Ok(view);
+    }
     let mut dataset = crate::dataset::Dataset::open_with(dataset_dir, max_open, args.allow_other)?;
     if args.verify_reads {
         dataset = dataset.with_verified_reads()?;

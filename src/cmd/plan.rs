@@ -17,7 +17,20 @@ pub(crate) fn run(args: PlanArgs) -> Result<()> {
         max_listing: args.mount.max_listing,
         ..ViewConfig::from(&args.plan)
     };
-    let view = View::open(&args.dataset_dir, &config)?;
+    let view = match (&args.plan.config, &args.dataset_dir) {
+        (Some(path), None) => super::mount::open_mixture(
+            path,
+            &args.plan,
+            args.mount.max_listing,
+            crate::storage::fdpool::DEFAULT_MAX_OPEN,
+        )?,
+        (None, Some(dir)) => View::open(dir, &config)?,
+        _ => {
+            return Err(Error::invalid(
+                "give DATASET_DIR or --config RUN.toml, not both",
+            ));
+        }
+    };
     if let Some(expected) = &args.mount.expect_fingerprint {
         view.check_fingerprint(expected)?;
     }

@@ -95,6 +95,9 @@ pub struct Info {
     /// `--rewindow`: each epoch's windows start at a phase drawn from (seed, epoch).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub rewindow: bool,
+    /// A mixture (`--config`): its sources, weights and schedule.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mixture: Option<super::MixtureInfo>,
     /// Packed mode: the packing's parameters and figures.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub packing: Option<super::PackingInfo>,
@@ -178,16 +181,9 @@ impl Info {
             fingerprint: String::new(),
             layout_fingerprint: String::new(),
             max_listing: g.max_listing,
-            truncated_listings: listing_sizes(&g.shape)
-                .into_iter()
-                .filter(|&(_, names)| g.max_listing > 0 && names > g.max_listing)
-                .map(|(dir, names)| TruncatedListing {
-                    dir,
-                    names,
-                    listed: g.max_listing,
-                })
-                .collect(),
+            truncated_listings: truncated(&g.shape, g.max_listing),
             rewindow: g.rewindow,
+            mixture: None,
             packing: g.packing.as_ref().map(|p| p.0.clone()),
             dataset: dataset.dir().display().to_string(),
             shufflefs_version: env!("CARGO_PKG_VERSION"),
@@ -203,6 +199,19 @@ impl Info {
         out.push(b'\n');
         out
     }
+}
+
+/// The directories whose listing `max_listing` cuts short.
+pub(super) fn truncated(shape: &crate::tree::Shape, max_listing: u64) -> Vec<TruncatedListing> {
+    listing_sizes(shape)
+        .into_iter()
+        .filter(|&(_, names)| max_listing > 0 && names > max_listing)
+        .map(|(dir, names)| TruncatedListing {
+            dir,
+            names,
+            listed: max_listing,
+        })
+        .collect()
 }
 
 /// The fingerprint (see the module docs).
@@ -247,7 +256,7 @@ fn fingerprint(info: &Info, manifest: &Manifest, packing: Option<&str>) -> Strin
 
 /// The layout fingerprint: the fingerprint plus the rank layout, so equal exactly when every
 /// file of the tree (each rank's `S.npy` and `S.json`, and which epochs exist) is the same.
-fn layout_fingerprint(info: &Info) -> String {
+pub(super) fn layout_fingerprint(info: &Info) -> String {
     hash_text(&format!(
         "fingerprint={}\nbatch_size={}\nranks={}\nepochs={}\n",
         info.fingerprint, info.batch_size, info.ranks, info.epochs
@@ -255,7 +264,7 @@ fn layout_fingerprint(info: &Info) -> String {
 }
 
 /// [`ContentHasher`] of `text`, as 16 hex digits.
-fn hash_text(text: &str) -> String {
+pub(super) fn hash_text(text: &str) -> String {
     let mut h = ContentHasher::new();
     h.update(text.as_bytes());
     format::format_hash(h.finish())

@@ -69,6 +69,26 @@ struct PackedStepJson<'a> {
     fingerprint: &'a str,
 }
 
+/// `S.json` of a mixture: each row's source and observation within it.
+#[derive(Serialize)]
+struct MixtureStepJson<'a> {
+    epoch: u64,
+    rank: u64,
+    step: u64,
+    global_step: u64,
+    /// Each row's source name.
+    sources: Vec<&'a str>,
+    /// Each row's observation id within its source.
+    observations: Vec<u64>,
+    /// Each row's draw: the row is the `draw`-th ever drawn from its source.
+    draws: Vec<u64>,
+    /// Each row's first record in its source's stream.
+    token_starts: Vec<u64>,
+    files: Vec<Vec<PieceJson<'a>>>,
+    /// The fingerprint of the steps up to this one (sources, weights, schedule entries so far).
+    fingerprint: String,
+}
+
 /// One piece of a packed row: records `[start, end)` of the row hold document `doc`'s first
 /// records (from stream record `token_start`), after a prepended BOS when `bos`.
 #[derive(Serialize)]
@@ -358,6 +378,9 @@ impl View {
         if let Some(packed) = &self.packed {
             return self.packed_step_json(packed, key, w);
         }
+        if let Some(mixed) = &self.mixed {
+            return self.mixture_step_json(mixed, key, w);
+        }
         let ctx = Ctx::new(self, measure);
         let plan = &self.plan;
         let observations = move || plan.observations(key);
@@ -418,6 +441,56 @@ impl View {
             }
         }
         ctx.write(w, &step)
+    }
+
+    /// Writes `S.json` of a mixture for `key`.
+    fn mixture_step_json(
+        &self,
+        mixed: &super::mixture::Mixed,
+        key: StepKey,
+        w: &mut impl Write,
+    ) -> Result<()> {
+        let global_step = self.plan.global_step(key);
+        let rows = mixed.rows(key, self.plan.ranks(), 0, self.plan.batch_size());
+        let mut value = MixtureStepJson {
+            epoch: key.epoch,
+            rank: key.rank,
+            step: key.step,
+            global_step,
+            sources: Vec::new(),
+            observations: Vec::new(),
+            draws: Vec::new(),
+            token_starts: Vec::new(),
+            files: Vec::new(),
+            fingerprint: self.fingerprint_at(global_step),
+        };
+        for r in rows {
+            let (name, source) = &mixed.sources[r.source];
+            let (start, len) = match self.mode {
+                Mode::Documents => {
+                    let d = source.dataset.document(r.observation)?;
+                    (d.start, d.len.min(self.window))
+                }
+                _ => (source.windows.first_record(r.observation), self.window),
+            };
+            let shards = &source.dataset.manifest().shards;
+            value.sources.push(name);
+            value.observations.push(r.observation);
+            value.draws.push(r.draw);
+            value.token_starts.push(start);
+            value.files.push(
+                source
+                    .dataset
+                    .pieces(start, len)
+                    .map(|(index, offset, records)| PieceJson {
+                        file: &shards[index].path,
+                        offset,
+                        records,
+                    })
+                    .collect(),
+            );
+        }
+        Ctx::new(self, None).write(w, &value)
     }
 
     /// Writes `S.json` of packed mode for `key`.

@@ -16,6 +16,7 @@
 //! | `info.rs` | what is in `info.json`, and what does the fingerprint cover? |
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -31,6 +32,7 @@ mod convert;
 mod info;
 mod json;
 mod masks;
+mod mixture;
 mod packed;
 mod rows;
 mod window;
@@ -38,6 +40,7 @@ mod window;
 pub use info::{Info, TruncatedListing};
 pub(crate) use json::{json_len, json_range};
 pub(crate) use masks::Mask;
+pub use mixture::{MixtureInfo, ScheduleInfo, SourceInfo};
 pub use packed::PackingInfo;
 
 use convert::Convert;
@@ -145,7 +148,7 @@ pub struct StepInfo {
 /// A dataset seen through a plan: the bytes of every file.
 #[derive(Debug)]
 pub struct View {
-    dataset: Dataset,
+    dataset: Arc<Dataset>,
     plan: Plan,
     mode: Mode,
     window: u64,
@@ -163,6 +166,8 @@ pub struct View {
     packed: Option<packed::Packed>,
     /// Packed mode: the BOS record as served.
     bos_record: Vec<u8>,
+    /// A mixture of datasets (`--config`): the sources and the mixture plan.
+    mixed: Option<Box<mixture::Mixed>>,
     info: Info,
     info_json: Vec<u8>,
 }
@@ -266,8 +271,9 @@ impl View {
             pad_record,
             packed,
             bos_record,
+            mixed: None,
             info_json: info.to_json(),
-            dataset,
+            dataset: Arc::new(dataset),
             plan,
             mode: config.mode,
             window: config.window,
@@ -289,11 +295,117 @@ impl View {
     /// have no `observation/` or `lookup/` entries; a dataset with documents has masks.
     pub(crate) fn shape(&self) -> Shape {
         let mut shape = Shape::of(&self.plan);
-        if self.mode == Mode::Packed || self.info.rewindow {
+        if self.mode == Mode::Packed || self.info.rewindow || self.mixed.is_some() {
             shape.observations = 0;
         }
-        shape.masks = self.dataset.has_documents();
+        shape.masks = self.mixed.is_none() && self.dataset.has_documents();
         shape
+    }
+
+    /// A view of the mixture `config` describes (`--config RUN.toml`): each source opened
+    /// with at most `max_open` descriptors kept open.
+    pub fn mixture(config: &crate::runconfig::RunConfig, max_open: usize) -> Result<View> {
+        let mixed = mixture::Mixed::open(config, max_open)?;
+        let c = &config.view;
+        let plan = Plan::new(
+            mixed
+                .steps_per_epoch
+                .checked_mul(c.batch_size * c.ranks)
+                .ok_or_else(|| {
+                    Error::invalid("steps_per_epoch times the global batch overflows")
+                })?,
+            c.batch_size,
+            c.ranks,
+            c.seed,
+            c.epochs,
+        )?;
+        let mut shape = Shape::of(&plan);
+        shape.observations = 0;
+        Inodes::new(shape)?;
+        let first = &mixed.sources[0].1;
+        let npy_header = npy::header(&first.served_descr(), &[c.batch_size, c.window])?;
+        let step_file_bytes =
+            npy_header.len() as u64 + c.batch_size * c.window * first.out_itemsize;
+        let mut info = first.info.clone();
+        info.n_tokens = mixed
+            .sources
+            .iter()
+            .map(|(_, v)| v.dataset.n_records())
+            .sum();
+        info.n_observations = plan.n_observations();
+        info.n_documents = None;
+        info.metadata = false;
+        info.batch_size = c.batch_size;
+        info.ranks = c.ranks;
+        info.epochs = c.epochs;
+        info.steps_per_epoch = plan.steps_per_epoch();
+        info.global_batch = plan.global_batch();
+        info.dropped_per_epoch = 0;
+        info.step_shape = [c.batch_size, c.window];
+        info.step_file_bytes = step_file_bytes;
+        info.npy_header_bytes = npy_header.len() as u64;
+        info.shards = mixed.sources.iter().map(|(_, v)| v.info.shards).sum();
+        info.content_hash = String::new();
+        info.dataset = config.path.display().to_string();
+        info.mixture = Some(mixed.info.clone());
+        info.truncated_listings = info::truncated(&shape, c.max_listing);
+        let view = View {
+            dataset: first.dataset.clone(),
+            plan,
+            mode: c.mode,
+            window: c.window,
+            windows: first.windows,
+            itemsize: first.itemsize,
+            out: first.out,
+            out_itemsize: first.out_itemsize,
+            npy_header,
+            pad_record: first.pad_record.clone(),
+            packed: None,
+            bos_record: Vec::new(),
+            info_json: Vec::new(),
+            info,
+            mixed: Some(Box::new(mixed)),
+        };
+        let mut view = view;
+        view.info.fingerprint = view.fingerprint_at(0);
+        view.info.layout_fingerprint = info::layout_fingerprint(&view.info);
+        view.info_json = view.info.to_json();
+        Ok(view)
+    }
+
+    /// The fingerprint of the rows up to global step `step`: the mount's fingerprint for one
+    /// dataset; for a mixture, it also covers the schedule entries starting at or before
+    /// `step` (a later entry does not change it).
+    pub(crate) fn fingerprint_at(&self, step: u64) -> String {
+        let Some(m) = &self.mixed else {
+            return self.info.fingerprint.clone();
+        };
+        let i = &self.info;
+        info::hash_text(&format!(
+            "format={}\nalgorithm={}\nnpy=1.0\nmode={}\ndtype={}\nwindow={}\nstride={}\n\
+             global_batch={}\nseed={}\n{}",
+            crate::format::FORMAT_NAME,
+            crate::shuffle::feistel::ALGORITHM,
+            i.mode,
+            i.dtype,
+            i.window,
+            i.stride,
+            i.global_batch,
+            i.seed,
+            m.canonical_text(step)
+        ))
+    }
+
+    /// Bytes `[within, within + out.len())` of observation `observation` as one row of
+    /// `window` records (a window, or a document truncated or padded).
+    fn fill_observation_row(&self, observation: u64, within: u64, out: &mut [u8]) -> Result<()> {
+        match self.mode {
+            Mode::Documents => {
+                let doc = self.dataset.document(observation)?;
+                self.fill_doc_row(&doc, self.window, within, out)
+            }
+            _ => self.read_records(self.windows.first_record(observation), within, out),
+        }
     }
 
     /// The plan.

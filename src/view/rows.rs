@@ -20,6 +20,9 @@ impl View {
         if let Some(packed) = &self.packed {
             return self.read_packed_npy(packed, key, offset, buf);
         }
+        if let Some(mixed) = &self.mixed {
+            return self.read_mixture_npy(mixed, key, offset, buf);
+        }
         // The observations of the rows this range touches, computed together (batched
         // permutation), then looked up row by row.
         let header_len = self.npy_header.len() as u64;
@@ -127,7 +130,7 @@ impl View {
     }
 
     /// Bytes `[within, within + out.len())` of a padded document row.
-    fn fill_doc_row(
+    pub(super) fn fill_doc_row(
         &self,
         doc: &Document,
         row_records: u64,
@@ -195,6 +198,51 @@ impl View {
         Ok(n)
     }
 
+    /// Reads `S.npy` of a mixture: row `j` is slot `j * ranks + rank` of the global step, an
+    /// observation of one source (`mixture.rs`).
+    fn read_mixture_npy(
+        &self,
+        mixed: &super::mixture::Mixed,
+        key: StepKey,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let header = &self.npy_header;
+        let header_len = header.len() as u64;
+        let row_bytes = self.window * self.out_itemsize;
+        let len = header_len + self.plan.batch_size() * row_bytes;
+        if offset >= len {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(len - offset) as usize;
+        let buf = &mut buf[..n];
+        let mut filled = 0usize;
+        if offset < header_len {
+            let take = ((header_len - offset) as usize).min(n);
+            buf[..take].copy_from_slice(&header[offset as usize..offset as usize + take]);
+            filled = take;
+        }
+        let mut data_pos = (offset + filled as u64).saturating_sub(header_len);
+        let data_end = offset + n as u64 - header_len;
+        if data_pos >= data_end {
+            return Ok(n);
+        }
+        let first = data_pos / row_bytes;
+        let last = (data_end - 1) / row_bytes;
+        let rows = mixed.rows(key, self.plan.ranks(), first, last - first + 1);
+        while data_pos < data_end {
+            let row = data_pos / row_bytes;
+            let within = data_pos % row_bytes;
+            let take = (row_bytes - within).min(data_end - data_pos) as usize;
+            let r = rows[(row - first) as usize];
+            let source = &mixed.sources[r.source].1;
+            source.fill_observation_row(r.observation, within, &mut buf[filled..filled + take])?;
+            filled += take;
+            data_pos += take as u64;
+        }
+        Ok(n)
+    }
+
     /// Size of `observation/I.npy`.
     pub fn observation_npy_len(&self, observation: u64) -> Result<u64> {
         let (header, records) = self.observation_shape(observation)?;
@@ -248,7 +296,7 @@ impl View {
     /// Fills `out` with the served bytes `[within, within + out.len())` of the records from
     /// stream record `first` on: the dataset's bytes read straight into `out`, or, with
     /// `--out-dtype`, the whole records the range touches read and converted.
-    fn read_records(&self, first: u64, within: u64, out: &mut [u8]) -> Result<()> {
+    pub(super) fn read_records(&self, first: u64, within: u64, out: &mut [u8]) -> Result<()> {
         let Some(convert) = self.out else {
             return self
                 .dataset

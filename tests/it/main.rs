@@ -57,6 +57,7 @@ mod golden;
 mod inject;
 mod inputs;
 mod masks;
+mod mixture;
 mod model;
 mod mounted;
 mod ops;

@@ -1,0 +1,208 @@
+//! A mixture of datasets (`--config RUN.toml`): the view side of `shuffle/mixture/`.
+//!
+//! Each source is a dataset seen with the run's window, stride and mode (a [`View`] of its
+//! own, whose observations are its windows or documents). Global step `x = e * T + s` holds
+//! `c_k(x)` rows of source `k` (`Counter`: `|C_k - E_k| < 1` while the weights of step 0 hold),
+//! the `j`-th row ever drawn from `k` is its observation `perm_{k, j div m_k}(j mod m_k)`, and
+//! the `G` rows are spread over the ranks by a keyed shuffle of the slots (`Batch`): row `j`
+//! of rank `r` is slot `j * ranks + r`, as for one dataset. The counts of recent steps are
+//! kept (a random access replays at most `CHECKPOINT_STEPS` steps from a checkpoint).
+
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+
+use lru::LruCache;
+use serde::Serialize;
+
+use super::{Mode, View};
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+use crate::runconfig::RunConfig;
+use crate::shuffle::mixture::{
+    ALGORITHM, Mixture, Row, Schedule, SourceSpec, StepCounts, name_ranks, normalize,
+};
+use crate::shuffle::plan::StepKey;
+
+/// Steps whose counts are kept.
+const COUNTS_KEPT: usize = 64;
+
+/// The sources of a mixture view and its plan.
+#[derive(Debug)]
+pub(super) struct Mixed {
+    /// Each source: its name and its view (the run's geometry over its dataset).
+    pub(super) sources: Vec<(String, View)>,
+    pub(super) mixture: Mixture,
+    pub(super) steps_per_epoch: u64,
+    counts: Mutex<LruCache<u64, Arc<StepCounts>>>,
+    /// `info.json`'s `mixture`.
+    pub(super) info: MixtureInfo,
+}
+
+/// `info.json`'s `mixture`: the sources, weights and schedule.
+#[derive(Clone, Debug, Serialize)]
+pub struct MixtureInfo {
+    /// The counting and placement algorithm (`mixture-v1`).
+    pub algorithm: &'static str,
+    /// The run configuration file.
+    pub config: String,
+    /// Global steps per mixture epoch.
+    pub steps_per_epoch: u64,
+    /// The sources, in the order given.
+    pub sources: Vec<SourceInfo>,
+    /// Weight changes.
+    pub schedule: Vec<ScheduleInfo>,
+}
+
+/// One source in `info.json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct SourceInfo {
+    /// Its name.
+    pub name: String,
+    /// Its dataset directory.
+    pub path: String,
+    /// The weight as written.
+    pub weight: String,
+    /// The weight as served: `n / 2^32`.
+    pub weight_units: u64,
+    /// Observations (windows or documents): one source epoch.
+    pub observations: u64,
+    /// `C_k` at the start of each mixture epoch: rows drawn from the source before it.
+    pub drawn_at_epoch_start: Vec<u64>,
+}
+
+/// One schedule entry in `info.json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScheduleInfo {
+    /// First global step.
+    pub from_step: u64,
+    /// The weights as written, in source order.
+    pub weights: Vec<String>,
+}
+
+impl Mixed {
+    /// Opens every source of `config` with the run's geometry and builds the mixture.
+    pub(super) fn open(config: &RunConfig, max_open: usize) -> Result<Mixed> {
+        let at = |what: String| Error::invalid(format!("{}: {what}", config.path.display()));
+        if config.view.rewindow || config.view.mode == Mode::Packed {
+            return Err(at("a mixture serves stream or documents rows".into()));
+        }
+        let mut sources = Vec::with_capacity(config.sources.len());
+        for s in &config.sources {
+            let dataset = Dataset::open_bounded(&s.path, max_open)
+                .map_err(|e| at(format!("source {:?}: {e}", s.name)))?;
+            // One observation per step: any source with at least one observation serves.
+            let geometry = super::ViewConfig {
+                batch_size: 1,
+                ranks: 1,
+                epochs: 1,
+                ..config.view.clone()
+            };
+            let view = View::new(dataset, &geometry)
+                .map_err(|e| at(format!("source {:?}: {e}", s.name)))?;
+            sources.push((s.name.clone(), view));
+        }
+        let served = sources[0].1.served_descr();
+        if let Some((name, _)) = sources.iter().find(|(_, v)| v.served_descr() != served) {
+            return Err(at(format!(
+                "source {name:?} serves {} records but {:?} serves {served}: every source must \
+                 have the same token type (or set the same out_dtype)",
+                sources
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map_or(String::new(), |(_, v)| v.served_descr()),
+                sources[0].0
+            )));
+        }
+        let names: Vec<&str> = sources.iter().map(|(n, _)| n.as_str()).collect();
+        let rank = name_ranks(&names);
+        let units = |ws: &[crate::shuffle::mixture::Weight]| {
+            normalize(ws, &rank).map_err(|e| at(format!("weights: {e}")))
+        };
+        let g = config.view.batch_size * config.view.ranks;
+        let first: Vec<_> = config.sources.iter().map(|s| s.weight).collect();
+        let mut schedule =
+            Schedule::new(units(&first)?, g).map_err(|e| at(format!("schedule: {e}")))?;
+        for e in &config.schedule {
+            schedule
+                .change(e.from_step, Some(units(&e.weights)?), None)
+                .map_err(|err| at(format!("schedule: {err}")))?;
+        }
+        let specs = sources
+            .iter()
+            .map(|(name, v)| SourceSpec {
+                name: name.clone(),
+                len: v.plan.n_observations(),
+                val: 0,
+            })
+            .collect();
+        let mixture = Mixture::new(specs, schedule, config.view.seed, 0)
+            .map_err(|e| at(format!("mixture: {e}")))?;
+        let spe = config.steps_per_epoch;
+        let info = MixtureInfo {
+            algorithm: ALGORITHM,
+            config: config.path.display().to_string(),
+            steps_per_epoch: spe,
+            sources: sources
+                .iter()
+                .zip(&config.sources)
+                .enumerate()
+                .map(|(k, ((name, v), c))| SourceInfo {
+                    name: name.clone(),
+                    path: v.dataset.dir().display().to_string(),
+                    weight: c.weight_text.clone(),
+                    weight_units: mixture.counter().schedule().segments()[0].weights[k],
+                    observations: v.plan.n_observations(),
+                    drawn_at_epoch_start: (0..config.view.epochs)
+                        .map(|e| mixture.counter().state_at(e * spe).drawn[k])
+                        .collect(),
+                })
+                .collect(),
+            schedule: config
+                .schedule
+                .iter()
+                .map(|e| ScheduleInfo {
+                    from_step: e.from_step,
+                    weights: e.weight_texts.clone(),
+                })
+                .collect(),
+        };
+        Ok(Mixed {
+            sources,
+            mixture,
+            steps_per_epoch: spe,
+            counts: Mutex::new(LruCache::new(
+                NonZeroUsize::new(COUNTS_KEPT).expect("non-zero"),
+            )),
+            info,
+        })
+    }
+
+    /// The counts of global step `x`.
+    fn counts(&self, x: u64) -> Arc<StepCounts> {
+        if let Some(c) = self.counts.lock().expect("counts lock").get(&x) {
+            return c.clone();
+        }
+        let c = Arc::new(self.mixture.counter().counts(x));
+        self.counts.lock().expect("counts lock").put(x, c.clone());
+        c
+    }
+
+    /// The rows `first..first + n` of rank `key.rank`'s step file.
+    pub(super) fn rows(&self, key: StepKey, ranks: u64, first: u64, n: u64) -> Vec<Row> {
+        let x = key.epoch * self.steps_per_epoch + key.step;
+        let batch = self.mixture.batch_of((*self.counts(x)).clone());
+        (first..first + n)
+            .map(|row| batch.rank_row(key.rank, ranks, row))
+            .collect()
+    }
+
+    /// The canonical text of everything that decides the rows of global steps `0..=step`.
+    pub(super) fn canonical_text(&self, step: u64) -> String {
+        let mut out = format!("steps_per_epoch={}\n", self.steps_per_epoch);
+        for (name, v) in &self.sources {
+            out.push_str(&format!("source_data={},{}\n", v.info.fingerprint, name));
+        }
+        out.push_str(&self.mixture.canonical_text(step));
+        out
+    }
+}
