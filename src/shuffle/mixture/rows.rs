@@ -313,7 +313,7 @@ impl<'a> Batch<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{counter, weights};
+    use super::super::tests::weights;
     use super::*;
 
     fn mixture(ws: &[f64], lens: &[u64], g: u64, seed: u64) -> Mixture {
