@@ -100,6 +100,15 @@ kinds! { s;
     Node::StepPos(k) => mask_count(s), step_index(s, k), |i| Node::StepPos(step_key(s, i));
     Node::StepDocLens(k) => mask_count(s), step_index(s, k),
         |i| Node::StepDocLens(step_key(s, i));
+    Node::Val => Some(u64::from(s.val_steps > 0)), 0, |_i| Node::Val;
+    Node::ValRankList => Some(u64::from(s.val_steps > 0)), 0, |_i| Node::ValRankList;
+    Node::ValRank(r) => Some(if s.val_steps > 0 { s.ranks } else { 0 }), r, |i| Node::ValRank(i);
+    Node::ValStepList(r) => Some(if s.val_steps > 0 { s.ranks } else { 0 }), r,
+        |i| Node::ValStepList(i);
+    Node::ValStepNpy(r, st) => s.ranks.checked_mul(s.val_steps), r * s.val_steps + st,
+        |i| Node::ValStepNpy(i / s.val_steps, i % s.val_steps);
+    Node::ValStepJson(r, st) => s.ranks.checked_mul(s.val_steps), r * s.val_steps + st,
+        |i| Node::ValStepJson(i / s.val_steps, i % s.val_steps);
 }
 
 /// Mask files (`S.pos.npy`, `S.doclens.npy`) of every epoch and rank: one per step with masks.
@@ -183,7 +192,31 @@ mod tests {
             steps,
             observations,
             masks: false,
+            val_steps: 0,
         })
+    }
+
+    #[test]
+    fn held_out_files_round_trip() {
+        let shape = Shape {
+            epochs: 2,
+            ranks: 3,
+            steps: 4,
+            observations: 0,
+            masks: false,
+            val_steps: 5,
+        };
+        let inodes = Inodes::new(shape).unwrap();
+        for node in [
+            Node::Val,
+            Node::ValRankList,
+            Node::ValRank(2),
+            Node::ValStepList(1),
+            Node::ValStepNpy(2, 4),
+            Node::ValStepJson(0, 3),
+        ] {
+            assert_eq!(inodes.node(inodes.ino(node)), Some(node), "{node:?}");
+        }
     }
 
     #[test]
@@ -194,6 +227,7 @@ mod tests {
             steps: 4,
             observations: 5,
             masks: true,
+            val_steps: 0,
         };
         let with = Inodes::new(shape).unwrap();
         let without = inodes(2, 3, 4, 5).unwrap();

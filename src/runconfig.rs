@@ -55,6 +55,41 @@ pub struct RunConfig {
     pub sources: Vec<SourceConfig>,
     /// Weight changes, by increasing `from_step`.
     pub schedule: Vec<ScheduleEntry>,
+    /// The held-out split (`[split]`), if any.
+    pub split: Option<SplitConfig>,
+}
+
+/// `[split]`: the observations of each source held out of training and served under `/val`.
+#[derive(Clone, Copy, Debug)]
+pub struct SplitConfig {
+    /// How many of each source's observations are held out.
+    pub val: SplitSize,
+    /// The key of the held-out sets (`seed`, default 0): independent of the run's seed, so the
+    /// sets stay when the training order, the weights or the batch change.
+    pub seed: u64,
+}
+
+/// The size of a held-out set.
+#[derive(Clone, Copy, Debug)]
+pub enum SplitSize {
+    /// A share of each source (`val = 0.001`): `floor(observations * share)`, the share read
+    /// exactly as written.
+    Share(u128),
+    /// This many observations of each source (`val = 1000`).
+    Count(u64),
+}
+
+impl SplitSize {
+    /// Held-out observations of a source of `observations`.
+    pub fn of(self, observations: u64) -> u64 {
+        match self {
+            // `units` is the share in units of 10^-18 (`Weight`).
+            SplitSize::Share(units) => {
+                (u128::from(observations) * units / 1_000_000_000_000_000_000) as u64
+            }
+            SplitSize::Count(n) => n,
+        }
+    }
 }
 
 /// One `[[source]]`.
@@ -100,6 +135,15 @@ struct Raw {
     sources: Vec<RawSource>,
     #[serde(default, rename = "schedule")]
     schedule: Vec<RawEntry>,
+    split: Option<RawSplit>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSplit {
+    val: toml::Value,
+    #[serde(default)]
+    seed: u64,
 }
 
 fn one() -> u64 {
@@ -202,6 +246,26 @@ impl RunConfig {
                 weight_texts,
             });
         }
+        let split = match raw.split {
+            None => None,
+            Some(sp) => {
+                let val = match &sp.val {
+                    toml::Value::Integer(n) if *n >= 1 => SplitSize::Count(*n as u64),
+                    toml::Value::Float(f) if *f > 0.0 && *f < 1.0 => SplitSize::Share(
+                        Weight::from_f64(*f)
+                            .map_err(|e| at(format!("split.val: {e}")))?
+                            .units(),
+                    ),
+                    other => {
+                        return Err(at(format!(
+                            "split.val = {other}: a share of each source (0 < val < 1) or a \
+                             count of observations (an integer >= 1)"
+                        )));
+                    }
+                };
+                Some(SplitConfig { val, seed: sp.seed })
+            }
+        };
         let mode = match raw.mode.as_deref() {
             None | Some("stream") => Mode::Stream,
             Some("documents") => Mode::Documents,
@@ -230,6 +294,7 @@ impl RunConfig {
             steps_per_epoch: raw.steps_per_epoch,
             sources,
             schedule,
+            split,
         })
     }
 }

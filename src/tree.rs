@@ -12,6 +12,7 @@
 //!                                             with documents also 0.pos.npy 0.doclens.npy ...)
 //! /observation/                        dir    0.npy 0.json ... (n_observations pairs): unshuffled
 //! /lookup/epoch/E/observation/I.json   file   where observation I is trained in epoch E
+//! /val/rank/R/step/S.npy, S.json       file   a mixture's held-out rows ([split]), in order
 //! ```
 //!
 //! Names have exactly one spelling: canonical decimals (`7`, never `07` or `+7`) below their
@@ -71,6 +72,18 @@ pub enum Node {
     LookupObservationList(u64),
     /// `/lookup/epoch/E/observation/I.json`
     LookupJson(u64, u64),
+    /// `/val` (a mixture with a held-out split)
+    Val,
+    /// `/val/rank`
+    ValRankList,
+    /// `/val/rank/R`
+    ValRank(u64),
+    /// `/val/rank/R/step`
+    ValStepList(u64),
+    /// `/val/rank/R/step/S.npy`
+    ValStepNpy(u64, u64),
+    /// `/val/rank/R/step/S.json`
+    ValStepJson(u64, u64),
 }
 
 /// File or directory.
@@ -94,7 +107,9 @@ impl Node {
             | Node::StepDocLens(_)
             | Node::ObservationNpy(_)
             | Node::ObservationJson(_)
-            | Node::LookupJson(..) => Kind::File,
+            | Node::LookupJson(..)
+            | Node::ValStepNpy(..)
+            | Node::ValStepJson(..) => Kind::File,
             Node::Root
             | Node::EpochList
             | Node::Epoch(_)
@@ -105,7 +120,11 @@ impl Node {
             | Node::Lookup
             | Node::LookupEpochList
             | Node::LookupEpoch(_)
-            | Node::LookupObservationList(_) => Kind::Directory,
+            | Node::LookupObservationList(_)
+            | Node::Val
+            | Node::ValRankList
+            | Node::ValRank(_)
+            | Node::ValStepList(_) => Kind::Directory,
         }
     }
 
@@ -123,7 +142,8 @@ impl Node {
             | Node::Stats
             | Node::EpochList
             | Node::ObservationList
-            | Node::Lookup => Node::Root,
+            | Node::Lookup
+            | Node::Val => Node::Root,
             Node::Epoch(_) => Node::EpochList,
             Node::RankList(e) => Node::Epoch(e),
             Node::Rank(e, _) => Node::RankList(e),
@@ -136,17 +156,22 @@ impl Node {
             Node::LookupEpoch(_) => Node::LookupEpochList,
             Node::LookupObservationList(e) => Node::LookupEpoch(e),
             Node::LookupJson(e, _) => Node::LookupObservationList(e),
+            Node::ValRankList => Node::Val,
+            Node::ValRank(_) => Node::ValRankList,
+            Node::ValStepList(r) => Node::ValRank(r),
+            Node::ValStepNpy(r, _) | Node::ValStepJson(r, _) => Node::ValStepList(r),
         }
     }
 }
 
 /// The names of the root directory, in listing order.
-const ROOT_NAMES: [(Node, &str); 5] = [
+const ROOT_NAMES: [(Node, &str); 6] = [
     (Node::Info, "info.json"),
     (Node::Stats, "stats.json"),
     (Node::EpochList, "epoch"),
     (Node::ObservationList, "observation"),
     (Node::Lookup, "lookup"),
+    (Node::Val, "val"),
 ];
 
 /// The name of a file or directory of the mount's root (`info.json`, `stats.json`, ...).
@@ -180,6 +205,8 @@ pub(crate) struct Shape {
     pub(crate) observations: u64,
     /// Whether each step also has `S.pos.npy` and `S.doclens.npy` (datasets with documents).
     pub(crate) masks: bool,
+    /// Steps of each rank under `/val` (0: no `/val`).
+    pub(crate) val_steps: u64,
 }
 
 impl Shape {
@@ -191,6 +218,16 @@ impl Shape {
             steps: plan.steps_per_epoch(),
             observations: plan.n_observations(),
             masks: false,
+            val_steps: 0,
+        }
+    }
+
+    /// The names of the root, in listing order: `val` only with held-out steps.
+    fn root_names(&self) -> &'static [(Node, &'static str)] {
+        if self.val_steps > 0 {
+            &ROOT_NAMES
+        } else {
+            &ROOT_NAMES[..5]
         }
     }
 
@@ -206,10 +243,19 @@ impl Shape {
             return Err(Error::NotADirectory);
         }
         let found = match parent {
-            Node::Root => ROOT_NAMES
+            Node::Root => self
+                .root_names()
                 .iter()
                 .find(|(_, n)| n.as_bytes() == name)
                 .map(|(node, _)| *node),
+            Node::Val => (name == b"rank").then_some(Node::ValRankList),
+            Node::ValRankList => parse_index(name, self.ranks).map(Node::ValRank),
+            Node::ValRank(r) => (name == b"step").then_some(Node::ValStepList(r)),
+            Node::ValStepList(r) => parse_file(name, self.val_steps, b".npy")
+                .map(|s| Node::ValStepNpy(r, s))
+                .or_else(|| {
+                    parse_file(name, self.val_steps, b".json").map(|s| Node::ValStepJson(r, s))
+                }),
             Node::EpochList => parse_index(name, self.epochs).map(Node::Epoch),
             Node::Epoch(e) => (name == b"rank").then_some(Node::RankList(e)),
             Node::RankList(e) => parse_index(name, self.ranks).map(|r| Node::Rank(e, r)),
@@ -251,7 +297,10 @@ impl Shape {
     /// Number of entries of directory `node`, `.` and `..` included.
     pub(crate) fn dir_len(&self, node: Node) -> u64 {
         2 + match node {
-            Node::Root => ROOT_NAMES.len() as u64,
+            Node::Root => self.root_names().len() as u64,
+            Node::Val | Node::ValRank(_) => 1,
+            Node::ValRankList => self.ranks,
+            Node::ValStepList(_) => 2 * self.val_steps,
             Node::EpochList | Node::LookupEpochList => self.epochs,
             Node::Epoch(_) | Node::Rank(..) | Node::Lookup | Node::LookupEpoch(_) => 1,
             Node::RankList(_) => self.ranks,
@@ -273,8 +322,15 @@ impl Shape {
         };
         match node {
             Node::Root => {
-                let (node, name) = ROOT_NAMES[index as usize];
+                let (node, name) = self.root_names()[index as usize];
                 (node, name.to_string())
+            }
+            Node::Val => (Node::ValRankList, "rank".to_string()),
+            Node::ValRankList => (Node::ValRank(index), index.to_string()),
+            Node::ValRank(r) => (Node::ValStepList(r), "step".to_string()),
+            Node::ValStepList(r) => {
+                let s = index / 2;
+                pair(index, Node::ValStepNpy(r, s), Node::ValStepJson(r, s), s)
             }
             Node::EpochList => (Node::Epoch(index), index.to_string()),
             Node::Epoch(e) => (Node::RankList(e), "rank".to_string()),
@@ -386,6 +442,7 @@ mod tests {
             steps: 4,
             observations: 5,
             masks: true,
+            val_steps: 0,
         };
         let mut dirs = vec![Node::Root];
         let mut seen = 0;

@@ -365,6 +365,7 @@ impl ShuffleFs {
             Node::StepJson(_) | Node::ObservationJson(_) | Node::LookupJson(..) => {
                 self.view.dataset().has_documents() && !self.json_is_cached(node)
             }
+            Node::ValStepJson(..) => !self.json_is_cached(node),
             Node::ObservationNpy(_) => self.view.dataset().has_documents(),
             _ => false,
         };
@@ -389,10 +390,13 @@ impl ShuffleFs {
                 Some(bytes) => bytes.len() as u64,
                 None => v.step_json_len(key)?,
             },
-            Node::ObservationJson(_) | Node::LookupJson(..) => match self.cached_json(node)? {
-                Ok(bytes) => bytes.len() as u64,
-                Err(len) => len,
-            },
+            Node::ValStepNpy(..) => v.step_npy_len(),
+            Node::ObservationJson(_) | Node::LookupJson(..) | Node::ValStepJson(..) => {
+                match self.cached_json(node)? {
+                    Ok(bytes) => bytes.len() as u64,
+                    Err(len) => len,
+                }
+            }
             Node::ObservationNpy(i) => v.observation_npy_len(i)?,
             _ => 0,
         })

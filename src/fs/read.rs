@@ -138,16 +138,26 @@ impl ReadJob {
             Node::StepPos(key) | Node::StepDocLens(key) => {
                 Ok(shared(fs.mask_bytes(node, key)?, offset, size))
             }
-            Node::StepJson(_) | Node::ObservationJson(_) | Node::LookupJson(..) => {
-                match fs.cached_json(node)? {
-                    Ok(bytes) => Ok(shared(bytes, offset, size)),
-                    Err(_) => {
-                        scratch.clear();
-                        json_range(offset, size, scratch, |w| fs.write_json(node, w))?;
-                        Ok(Bytes::Borrowed(scratch))
-                    }
+            Node::ValStepNpy(rank, step) => {
+                let len = v.step_npy_len();
+                if offset >= len {
+                    return Ok(Bytes::Borrowed(&[]));
                 }
+                let buf = room(scratch, u64::from(size).min(len - offset) as usize);
+                let n = v.read_val_npy(rank, step, offset, buf)?;
+                Ok(Bytes::Borrowed(&scratch[..n]))
             }
+            Node::StepJson(_)
+            | Node::ObservationJson(_)
+            | Node::LookupJson(..)
+            | Node::ValStepJson(..) => match fs.cached_json(node)? {
+                Ok(bytes) => Ok(shared(bytes, offset, size)),
+                Err(_) => {
+                    scratch.clear();
+                    json_range(offset, size, scratch, |w| fs.write_json(node, w))?;
+                    Ok(Bytes::Borrowed(scratch))
+                }
+            },
             _ => unreachable!("{node:?} is answered by read_or_job"),
         }
     }
@@ -207,10 +217,11 @@ impl ShuffleFs {
                     None => return Ok(job),
                 }
             }
-            Node::ObservationNpy(_) => return Ok(job),
+            Node::ObservationNpy(_) | Node::ValStepNpy(..) => return Ok(job),
             Node::StepJson(_)
             | Node::ObservationJson(_)
             | Node::LookupJson(..)
+            | Node::ValStepJson(..)
             | Node::StepPos(_)
             | Node::StepDocLens(_) => match self.json_cache_get(node) {
                 Some(bytes) => shared(bytes, offset, size),
@@ -227,7 +238,21 @@ impl ShuffleFs {
                 stats.drain(..range.start);
                 Bytes::Owned(stats)
             }
-            _ => return Err(Error::IsADirectory),
+            Node::Root
+            | Node::EpochList
+            | Node::Epoch(_)
+            | Node::RankList(_)
+            | Node::Rank(..)
+            | Node::StepList(..)
+            | Node::ObservationList
+            | Node::Lookup
+            | Node::LookupEpochList
+            | Node::LookupEpoch(_)
+            | Node::LookupObservationList(_)
+            | Node::Val
+            | Node::ValRankList
+            | Node::ValRank(_)
+            | Node::ValStepList(_) => return Err(Error::IsADirectory),
         };
         Ok(Read::Ready(bytes))
     }
@@ -284,6 +309,7 @@ impl ShuffleFs {
             Node::StepJson(key) => v.write_step_json(key, w),
             Node::ObservationJson(i) => v.write_observation_json(i, w),
             Node::LookupJson(e, i) => v.write_lookup_json(e, i, w),
+            Node::ValStepJson(r, s) => v.write_val_json(r, s, w),
             _ => unreachable!("not a JSON file: {node:?}"),
         }
     }

@@ -72,15 +72,21 @@ struct PackedStepJson<'a> {
 /// `S.json` of a mixture: each row's source and observation within it.
 #[derive(Serialize)]
 struct MixtureStepJson<'a> {
-    epoch: u64,
+    /// A held-out step (`/val`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    val: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    epoch: Option<u64>,
     rank: u64,
     step: u64,
-    global_step: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    global_step: Option<u64>,
     /// Each row's source name.
     sources: Vec<&'a str>,
     /// Each row's observation id within its source.
     observations: Vec<u64>,
     /// Each row's draw: the row is the `draw`-th ever drawn from its source.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     draws: Vec<u64>,
     /// Each row's first record in its source's stream.
     token_starts: Vec<u64>,
@@ -443,20 +449,36 @@ impl View {
         ctx.write(w, &step)
     }
 
-    /// Writes `S.json` of a mixture for `key`.
+    /// Writes `/val/rank/R/step/S.json`: the held-out rows of that step.
+    pub(crate) fn write_val_json(&self, rank: u64, step: u64, w: &mut impl Write) -> Result<()> {
+        let Some(mixed) = &self.mixed else {
+            return Err(Error::NotFound);
+        };
+        let key = StepKey {
+            epoch: super::mixture::VAL_EPOCH,
+            rank,
+            step,
+        };
+        self.mixture_step_json(mixed, key, w)
+    }
+
+    /// Writes `S.json` of a mixture for `key` (held-out steps: epoch `VAL_EPOCH`, written as
+    /// `"val": true` without the training keys).
     fn mixture_step_json(
         &self,
         mixed: &super::mixture::Mixed,
         key: StepKey,
         w: &mut impl Write,
     ) -> Result<()> {
-        let global_step = self.plan.global_step(key);
+        let val = key.epoch == super::mixture::VAL_EPOCH;
+        let global_step = if val { 0 } else { self.plan.global_step(key) };
         let rows = mixed.rows(key, self.plan.ranks(), 0, self.plan.batch_size());
         let mut value = MixtureStepJson {
-            epoch: key.epoch,
+            val,
+            epoch: (!val).then_some(key.epoch),
             rank: key.rank,
             step: key.step,
-            global_step,
+            global_step: (!val).then_some(global_step),
             sources: Vec::new(),
             observations: Vec::new(),
             draws: Vec::new(),
@@ -476,7 +498,9 @@ impl View {
             let shards = &source.dataset.manifest().shards;
             value.sources.push(name);
             value.observations.push(r.observation);
-            value.draws.push(r.draw);
+            if !val {
+                value.draws.push(r.draw);
+            }
             value.token_starts.push(start);
             value.files.push(
                 source

@@ -23,6 +23,9 @@ use crate::shuffle::mixture::{
 };
 use crate::shuffle::plan::StepKey;
 
+/// The epoch number that stands for the held-out steps (`/val`) in a [`StepKey`].
+pub(super) const VAL_EPOCH: u64 = u64::MAX;
+
 /// Steps whose counts are kept.
 const COUNTS_KEPT: usize = 64;
 
@@ -36,6 +39,10 @@ pub(super) struct Mixed {
     counts: Mutex<LruCache<u64, Arc<StepCounts>>>,
     /// `info.json`'s `mixture`.
     pub(super) info: MixtureInfo,
+    /// The held-out rows: sources in name order, `val_ends[i]` one past the last held-out
+    /// position of the `i`-th of them.
+    val_sources: Vec<usize>,
+    val_ends: Vec<u64>,
 }
 
 /// `info.json`'s `mixture`: the sources, weights and schedule.
@@ -64,8 +71,10 @@ pub struct SourceInfo {
     pub weight: String,
     /// The weight as served: `n / 2^32`.
     pub weight_units: u64,
-    /// Observations (windows or documents): one source epoch.
+    /// Observations (windows or documents).
     pub observations: u64,
+    /// Of them, held out of training (`[split]`), served under `/val`.
+    pub held_out: u64,
     /// `C_k` at the start of each mixture epoch: rows drawn from the source before it.
     pub drawn_at_epoch_start: Vec<u64>,
 }
@@ -127,15 +136,26 @@ impl Mixed {
                 .change(e.from_step, Some(units(&e.weights)?), None)
                 .map_err(|err| at(format!("schedule: {err}")))?;
         }
-        let specs = sources
+        let specs: Vec<SourceSpec> = sources
             .iter()
             .map(|(name, v)| SourceSpec {
                 name: name.clone(),
                 len: v.plan.n_observations(),
-                val: 0,
+                val: config
+                    .split
+                    .map_or(0, |sp| sp.val.of(v.plan.n_observations())),
             })
             .collect();
-        let mixture = Mixture::new(specs, schedule, config.view.seed, 0)
+        let split_seed = config.split.map_or(0, |sp| sp.seed);
+        let mut val_sources: Vec<usize> = (0..specs.len()).collect();
+        val_sources.sort_by_key(|&k| rank[k]);
+        let mut val_ends = Vec::with_capacity(specs.len());
+        let mut total = 0u64;
+        for &k in &val_sources {
+            total += specs[k].val;
+            val_ends.push(total);
+        }
+        let mixture = Mixture::new(specs, schedule, config.view.seed, split_seed)
             .map_err(|e| at(format!("mixture: {e}")))?;
         let spe = config.steps_per_epoch;
         let info = MixtureInfo {
@@ -152,6 +172,7 @@ impl Mixed {
                     weight: c.weight_text.clone(),
                     weight_units: mixture.counter().schedule().segments()[0].weights[k],
                     observations: v.plan.n_observations(),
+                    held_out: mixture.sources()[k].val,
                     drawn_at_epoch_start: (0..config.view.epochs)
                         .map(|e| mixture.counter().state_at(e * spe).drawn[k])
                         .collect(),
@@ -174,7 +195,24 @@ impl Mixed {
                 NonZeroUsize::new(COUNTS_KEPT).expect("non-zero"),
             )),
             info,
+            val_sources,
+            val_ends,
         })
+    }
+
+    /// Held-out rows in all.
+    pub(super) fn val_rows(&self) -> u64 {
+        self.val_ends.last().copied().unwrap_or(0)
+    }
+
+    /// Held-out row `q` (`< val_rows()`): the source and its observation. The held-out rows
+    /// are the sources' held-out sets one after the other (sources by name), each in its split
+    /// order.
+    pub(super) fn val_row(&self, q: u64) -> (usize, u64) {
+        let i = self.val_ends.partition_point(|&e| e <= q);
+        let k = self.val_sources[i];
+        let first = if i == 0 { 0 } else { self.val_ends[i - 1] };
+        (k, self.mixture.order(k).val_observation(q - first))
     }
 
     /// The counts of global step `x`.
@@ -189,11 +227,30 @@ impl Mixed {
 
     /// The rows `first..first + n` of rank `key.rank`'s step file.
     pub(super) fn rows(&self, key: StepKey, ranks: u64, first: u64, n: u64) -> Vec<Row> {
+        if key.epoch == VAL_EPOCH {
+            // Held-out step `key.step`: position `step * G + row * ranks + rank`, in order.
+            let g = self.info_global_batch(ranks);
+            return (first..first + n)
+                .map(|row| {
+                    let (source, observation) = self.val_row(key.step * g + row * ranks + key.rank);
+                    Row {
+                        source,
+                        draw: 0,
+                        observation,
+                    }
+                })
+                .collect();
+        }
         let x = key.epoch * self.steps_per_epoch + key.step;
         let batch = self.mixture.batch_of((*self.counts(x)).clone());
         (first..first + n)
             .map(|row| batch.rank_row(key.rank, ranks, row))
             .collect()
+    }
+
+    /// The global batch of the mixture's first segment (the batch of every held-out step).
+    fn info_global_batch(&self, _ranks: u64) -> u64 {
+        self.mixture.counter().schedule().segments()[0].global_batch
     }
 
     /// The canonical text of everything that decides the rows of global steps `0..=step`.

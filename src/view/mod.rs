@@ -299,7 +299,40 @@ impl View {
             shape.observations = 0;
         }
         shape.masks = self.mixed.is_none() && self.dataset.has_documents();
+        shape.val_steps = self.val_steps();
         shape
+    }
+
+    /// Held-out steps of each rank under `/val` (tests).
+    #[doc(hidden)]
+    pub fn val_steps_for_tests(&self) -> u64 {
+        self.val_steps()
+    }
+
+    /// Held-out steps of each rank under `/val` (a mixture with a `[split]`).
+    pub(crate) fn val_steps(&self) -> u64 {
+        self.mixed
+            .as_ref()
+            .map_or(0, |m| m.val_rows() / self.plan.global_batch())
+    }
+
+    /// Reads `/val/rank/R/step/S.npy`: held-out rows `S * G + j * ranks + R`, in order.
+    pub(crate) fn read_val_npy(
+        &self,
+        rank: u64,
+        step: u64,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let Some(m) = &self.mixed else {
+            return Err(Error::NotFound);
+        };
+        let key = StepKey {
+            epoch: mixture::VAL_EPOCH,
+            rank,
+            step,
+        };
+        self.read_mixture_npy(m, key, offset, buf)
     }
 
     /// A view of the mixture `config` describes (`--config RUN.toml`): each source opened
@@ -321,6 +354,7 @@ impl View {
         )?;
         let mut shape = Shape::of(&plan);
         shape.observations = 0;
+        shape.val_steps = mixed.val_rows() / plan.global_batch();
         Inodes::new(shape)?;
         let first = &mixed.sources[0].1;
         let npy_header = npy::header(&first.served_descr(), &[c.batch_size, c.window])?;

@@ -200,7 +200,7 @@ impl View {
 
     /// Reads `S.npy` of a mixture: row `j` is slot `j * ranks + rank` of the global step, an
     /// observation of one source (`mixture.rs`).
-    fn read_mixture_npy(
+    pub(super) fn read_mixture_npy(
         &self,
         mixed: &super::mixture::Mixed,
         key: StepKey,

@@ -273,3 +273,87 @@ fn global_batches_do_not_depend_on_the_rank_split_and_a_mount_serves_them() {
     assert_eq!(info["fingerprint"].as_str(), Some(b.fingerprint()));
     unmount(mnt.path());
 }
+
+/// The held-out rows of a mixture: `(source, observation)` of every row under `/val`.
+fn held_out(view: View) -> HashSet<(String, u64)> {
+    let steps = view.val_steps_for_tests();
+    let ranks = view.plan().ranks();
+    let fs = shufflefs::fs::ShuffleFs::new(view).unwrap();
+    let mut out = HashSet::new();
+    for rank in 0..ranks {
+        for step in 0..steps {
+            let j = json_at(&fs, &format!("/val/rank/{rank}/step/{step}.json"));
+            assert_eq!(j["val"], true);
+            for (s, o) in j["sources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(j["observations"].as_array().unwrap())
+            {
+                assert!(out.insert((s.as_str().unwrap().to_string(), o.as_u64().unwrap())));
+            }
+            let npy = read_path(&fs, &format!("/val/rank/{rank}/step/{step}.npy")).unwrap();
+            assert_eq!(npy.len() as u64, fs.view().step_npy_len());
+        }
+    }
+    out
+}
+
+#[test]
+fn a_held_out_split_is_disjoint_from_training_and_stable() {
+    let dir = tempfile::tempdir().unwrap();
+    sources(dir.path());
+    let split = "[split]\nval = 0.05\nseed = 4\n";
+    let a = View::mixture(
+        &config(
+            dir.path(),
+            "batch_size = 4\nranks = 2\nseed = 1\nsteps_per_epoch = 200\nepochs = 2",
+            "0.5,0.3,0.2",
+            split,
+        ),
+        64,
+    )
+    .unwrap();
+    let info: Value = serde_json::from_slice(a.info_json()).unwrap();
+    let held: Vec<u64> = (0..3)
+        .map(|k| info["mixture"]["sources"][k]["held_out"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        held,
+        vec![
+            30_000 / WINDOW / 20,
+            9_000 / WINDOW / 20,
+            2_000 / WINDOW / 20
+        ]
+    );
+    // Training never serves a held-out observation, in any epoch (c wraps several times).
+    let mut train = HashSet::new();
+    for (_, _, _, json) in all_steps(&a) {
+        for (s, o) in json["sources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(json["observations"].as_array().unwrap())
+        {
+            train.insert((s.as_str().unwrap().to_string(), o.as_u64().unwrap()));
+        }
+    }
+    let val = held_out(a);
+    assert!(!val.is_empty());
+    assert!(val.is_disjoint(&train), "a held-out row was trained on");
+    // Another seed, other weights, another batch: the same held-out set.
+    let b = View::mixture(
+        &config(
+            dir.path(),
+            "batch_size = 2\nranks = 2\nseed = 99\nsteps_per_epoch = 50",
+            "1,1,1",
+            split,
+        ),
+        64,
+    )
+    .unwrap();
+    let total: u64 = held.iter().sum();
+    let vb = held_out(b);
+    assert_eq!(vb.len() as u64, total / 4 * 4);
+    assert!(vb.is_subset(&val) || val.is_subset(&vb));
+}
