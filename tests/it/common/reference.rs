@@ -339,7 +339,7 @@ impl Reference {
         };
         format!(
             "{{\"epoch\":{e},\"rank\":{r},\"step\":{s},\"global_step\":{},\"observations\":[{}],\
-             \"token_starts\":[{}],\"sources\":[{}],\"fingerprint\":\"{}\"}}\n",
+             \"token_starts\":[{}],\"files\":[{}],\"fingerprint\":\"{}\"}}\n",
             e * self.steps + s,
             list(&mut obs.iter().copied()),
             list(&mut obs.iter().map(|o| o * self.stride)),
