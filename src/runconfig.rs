@@ -57,6 +57,8 @@ pub struct RunConfig {
     pub schedule: Vec<ScheduleEntry>,
     /// The held-out split (`[split]`), if any.
     pub split: Option<SplitConfig>,
+    /// Per source (in source order), the observations never served (`quarantine = FILE`).
+    pub quarantine: Vec<Vec<u64>>,
 }
 
 /// `[split]`: the observations of each source held out of training and served under `/val`.
@@ -136,6 +138,7 @@ struct Raw {
     #[serde(default, rename = "schedule")]
     schedule: Vec<RawEntry>,
     split: Option<RawSplit>,
+    quarantine: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -266,6 +269,40 @@ impl RunConfig {
                 Some(SplitConfig { val, seed: sp.seed })
             }
         };
+        let mut quarantine = vec![Vec::new(); sources.len()];
+        if let Some(file) = &raw.quarantine {
+            let file = base.join(file);
+            let text = std::fs::read_to_string(&file).map_err(|e| Error::io(&file, e))?;
+            for (n, line) in text.lines().enumerate() {
+                let line = line.split('#').next().unwrap_or("").trim();
+                if line.is_empty() {
+                    continue;
+                }
+                let bad = || {
+                    Error::invalid(format!(
+                        "{}:{}: {line:?}: each line is SOURCE OBSERVATION (a source name and an \
+                         observation id within it)",
+                        file.display(),
+                        n + 1
+                    ))
+                };
+                let mut parts = line.split_whitespace();
+                let (Some(name), Some(obs), None) = (parts.next(), parts.next(), parts.next())
+                else {
+                    return Err(bad());
+                };
+                let obs: u64 = obs.parse().map_err(|_| bad())?;
+                let Some(k) = sources.iter().position(|s| s.name == name) else {
+                    return Err(Error::invalid(format!(
+                        "{}:{}: no source named {name:?} in {}",
+                        file.display(),
+                        n + 1,
+                        path.display()
+                    )));
+                };
+                quarantine[k].push(obs);
+            }
+        }
         let mode = match raw.mode.as_deref() {
             None | Some("stream") => Mode::Stream,
             Some("documents") => Mode::Documents,
@@ -295,6 +332,7 @@ impl RunConfig {
             sources,
             schedule,
             split,
+            quarantine,
         })
     }
 }

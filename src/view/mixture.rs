@@ -75,6 +75,8 @@ pub struct SourceInfo {
     pub observations: u64,
     /// Of them, held out of training (`[split]`), served under `/val`.
     pub held_out: u64,
+    /// Of them, never served (`quarantine`).
+    pub quarantined: u64,
     /// `C_k` at the start of each mixture epoch: rows drawn from the source before it.
     pub drawn_at_epoch_start: Vec<u64>,
 }
@@ -155,8 +157,15 @@ impl Mixed {
             total += specs[k].val;
             val_ends.push(total);
         }
-        let mixture = Mixture::new(specs, schedule, config.view.seed, split_seed)
+        let mut mixture = Mixture::new(specs, schedule, config.view.seed, split_seed)
             .map_err(|e| at(format!("mixture: {e}")))?;
+        for (k, list) in config.quarantine.iter().enumerate() {
+            if !list.is_empty() {
+                mixture = mixture
+                    .with_quarantine(k, list)
+                    .map_err(|e| at(e.to_string()))?;
+            }
+        }
         let spe = config.steps_per_epoch;
         let info = MixtureInfo {
             algorithm: ALGORITHM,
@@ -173,6 +182,7 @@ impl Mixed {
                     weight_units: mixture.counter().schedule().segments()[0].weights[k],
                     observations: v.plan.n_observations(),
                     held_out: mixture.sources()[k].val,
+                    quarantined: mixture.order(k).quarantined(),
                     drawn_at_epoch_start: (0..config.view.epochs)
                         .map(|e| mixture.counter().state_at(e * spe).drawn[k])
                         .collect(),

@@ -357,3 +357,68 @@ fn a_held_out_split_is_disjoint_from_training_and_stable() {
     assert_eq!(vb.len() as u64, total / 4 * 4);
     assert!(vb.is_subset(&val) || val.is_subset(&vb));
 }
+
+#[test]
+fn quarantined_observations_change_only_the_rows_that_held_them() {
+    let dir = tempfile::tempdir().unwrap();
+    sources(dir.path());
+    let head = "batch_size = 4\nranks = 2\nseed = 5\nsteps_per_epoch = 100";
+    // No source is used up in this epoch (about 560, 200 and 40 draws).
+    let plain = View::mixture(&config(dir.path(), head, "0.7,0.25,0.05", ""), 64).unwrap();
+    let rows = |v: &View| -> Vec<(String, u64)> {
+        all_steps(v)
+            .iter()
+            .flat_map(|(_, _, _, j)| {
+                let j = j.clone();
+                (0..4).map(move |r| {
+                    (
+                        j["sources"][r].as_str().unwrap().to_string(),
+                        j["observations"][r].as_u64().unwrap(),
+                    )
+                })
+            })
+            .collect()
+    };
+    let before = rows(&plain);
+    // Quarantine five observations the plain run serves, and one it never reaches.
+    let bad: Vec<(String, u64)> = [3usize, 50, 211, 400, 777]
+        .iter()
+        .map(|&i| before[i].clone())
+        .collect();
+    let mut list: String = bad.iter().map(|(s, o)| format!("{s} {o}\n")).collect();
+    list.push_str("# a comment\na 1700\n");
+    std::fs::write(dir.path().join("bad.txt"), list).unwrap();
+    let q = View::mixture(
+        &config(
+            dir.path(),
+            &format!("{head}\nquarantine = \"bad.txt\""),
+            "0.7,0.25,0.05",
+            "",
+        ),
+        64,
+    )
+    .unwrap();
+    let after = rows(&q);
+    assert_eq!(before.len(), after.len());
+    let mut seen = HashSet::new();
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        assert!(seen.insert(a.clone()), "row {i}: {a:?} twice");
+        assert!(
+            !bad.contains(a) && a != &("a".to_string(), 1700),
+            "row {i} serves {a:?}"
+        );
+        if bad.contains(b) {
+            assert_eq!(a.0, b.0, "row {i}: replaced from the same source");
+        } else {
+            assert_eq!(a, b, "row {i} did not hold a quarantined observation");
+        }
+    }
+    let info: Value = serde_json::from_slice(q.info_json()).unwrap();
+    assert_eq!(
+        info["mixture"]["sources"][0]["quarantined"]
+            .as_u64()
+            .unwrap() as usize,
+        bad.iter().filter(|(s, _)| s == "a").count() + 1
+    );
+    assert_ne!(q.fingerprint(), plain.fingerprint());
+}

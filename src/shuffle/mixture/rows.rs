@@ -1,5 +1,7 @@
 //! Which observation the `j`-th draw from a source is, and the slot of the step it goes to.
 
+use std::sync::{Arc, Mutex};
+
 use super::*;
 use crate::shuffle::feistel::{Permutation, mix};
 
@@ -27,7 +29,29 @@ pub(crate) struct SourceOrder {
     val: u64,
     key: u64,
     split: Option<Permutation>,
+    /// Training positions never served (`quarantine`), when there are any.
+    quarantine: Option<Arc<Quarantine>>,
 }
+
+/// A source's quarantined training positions: a source epoch is then `m' = m - q` draws,
+/// positions `[0, m')` of the epoch's permutation; a quarantined one among them takes, in
+/// position order, the next position of `[m', m)` that holds no quarantined observation
+/// (there are exactly as many). Draws that hold no quarantined observation are unchanged
+/// until the source's first wrap.
+#[derive(Debug)]
+struct Quarantine {
+    /// Training positions, sorted, unique.
+    positions: Vec<u64>,
+    /// Per source epoch (a few kept): the permutation positions of the quarantined training
+    /// positions below `m'` and at or above it, each sorted.
+    epochs: Mutex<Vec<(u64, Arc<EpochQuarantine>)>>,
+}
+
+/// Where a source epoch's quarantined positions fall: sorted below `m'`, sorted at or above.
+type EpochQuarantine = (Vec<u64>, Vec<u64>);
+
+/// Source epochs whose quarantine positions are kept.
+const QUARANTINE_EPOCHS_KEPT: usize = 4;
 
 impl SourceOrder {
     /// The order of source `name` with `len` observations, `val` of them held out.
@@ -51,7 +75,66 @@ impl SourceOrder {
             val,
             key: mix(mix(seed ^ DOMAIN_DRAW) ^ nk),
             split,
+            quarantine: None,
         })
+    }
+
+    /// The same order with observations `observations` never served (see [`Quarantine`]).
+    /// Refuses an observation out of range or held out, and a list that leaves nothing.
+    pub(crate) fn with_quarantine(mut self, name: &str, observations: &[u64]) -> Result<Self> {
+        let mut positions = Vec::with_capacity(observations.len());
+        for &o in observations {
+            if o >= self.len {
+                return Err(MixtureError::new(format!(
+                    "quarantine: source {name:?} has {} observations, not {o}",
+                    self.len
+                )));
+            }
+            let t = match &self.split {
+                Some(p) => match p.invert(o).checked_sub(self.val) {
+                    Some(t) => t,
+                    None => {
+                        return Err(MixtureError::new(format!(
+                            "quarantine: observation {o} of source {name:?} is held out \
+                             ([split]); it is never trained on"
+                        )));
+                    }
+                },
+                None => o,
+            };
+            positions.push(t);
+        }
+        positions.sort_unstable();
+        positions.dedup();
+        if positions.len() as u64 >= self.train_len() {
+            return Err(MixtureError::new(format!(
+                "quarantine: it leaves source {name:?} no observation to train on"
+            )));
+        }
+        self.quarantine = (!positions.is_empty()).then(|| {
+            Arc::new(Quarantine {
+                positions,
+                epochs: Mutex::new(Vec::new()),
+            })
+        });
+        Ok(self)
+    }
+
+    /// Quarantined observations.
+    pub(crate) fn quarantined(&self) -> u64 {
+        self.quarantine
+            .as_ref()
+            .map_or(0, |q| q.positions.len() as u64)
+    }
+
+    /// The quarantined training positions, sorted (fingerprints).
+    pub(crate) fn quarantine_positions(&self) -> &[u64] {
+        self.quarantine.as_ref().map_or(&[], |q| &q.positions)
+    }
+
+    /// Draws per source epoch: the training observations not quarantined.
+    pub(crate) fn epoch_len(&self) -> u64 {
+        self.train_len() - self.quarantined()
     }
 
     /// Observations of the source.
@@ -89,8 +172,30 @@ impl SourceOrder {
 
     /// The observation of draw `j` (the `j`-th row ever drawn from this source).
     pub(crate) fn observation(&self, j: u64) -> u64 {
-        let m = self.train_len();
-        self.train_observation(self.epoch_permutation(j / m).apply(j % m))
+        let m = self.epoch_len();
+        let (e, p) = (j / m, j % m);
+        let perm = self.epoch_permutation(e);
+        let t = perm.apply(p);
+        let Some(q) = &self.quarantine else {
+            return self.train_observation(t);
+        };
+        if q.positions.binary_search(&t).is_err() {
+            return self.train_observation(t);
+        }
+        // The i-th quarantined position below m' takes the i-th free position of [m', ..).
+        let (head, tail) = &*q.epoch(e, &perm, m);
+        let i = head
+            .binary_search(&p)
+            .expect("a quarantined position below m'") as u64;
+        let mut x = m + i;
+        for &b in tail {
+            if b <= x {
+                x += 1;
+            } else {
+                break;
+            }
+        }
+        self.train_observation(perm.apply(x))
     }
 
     /// Observation id of validation row `i` (`< val_len`).
@@ -103,6 +208,27 @@ impl SourceOrder {
         self.split
             .as_ref()
             .is_some_and(|p| p.invert(obs) < self.val)
+    }
+}
+
+impl Quarantine {
+    /// Where the quarantined training positions fall in source epoch `epoch` (permutation
+    /// `perm`, `m'` draws): sorted positions below `m'`, sorted positions at or above.
+    fn epoch(&self, epoch: u64, perm: &Permutation, m: u64) -> Arc<EpochQuarantine> {
+        let mut cache = self.epochs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, v)) = cache.iter().find(|(e, _)| *e == epoch) {
+            return v.clone();
+        }
+        let mut at: Vec<u64> = self.positions.iter().map(|&t| perm.invert(t)).collect();
+        at.sort_unstable();
+        let split = at.partition_point(|&p| p < m);
+        let tail = at.split_off(split);
+        let v = Arc::new((at, tail));
+        if cache.len() >= QUARANTINE_EPOCHS_KEPT {
+            cache.remove(0);
+        }
+        cache.push((epoch, v.clone()));
+        v
     }
 }
 
@@ -197,6 +323,13 @@ impl Mixture {
         })
     }
 
+    /// Quarantines `observations` of source `k` (see [`SourceOrder::with_quarantine`]).
+    pub(crate) fn with_quarantine(mut self, k: usize, observations: &[u64]) -> Result<Mixture> {
+        let order = self.orders[k].clone();
+        self.orders[k] = order.with_quarantine(&self.specs[k].name, observations)?;
+        Ok(self)
+    }
+
     /// The sources, in the order given.
     pub(crate) fn sources(&self) -> &[SourceSpec] {
         &self.specs
@@ -230,8 +363,20 @@ impl Mixture {
             "mixture={ALGORITHM}\nmixture_seed={}\nsplit_seed={}\n",
             self.seed, self.split_seed
         );
-        for s in &self.specs {
+        for (s, o) in self.specs.iter().zip(&self.orders) {
             out.push_str(&format!("source={},{},{}\n", s.len, s.val, s.name));
+            if o.quarantined() > 0 {
+                // Only present with a quarantine, so other fingerprints are unchanged.
+                let mut h = 0x7175_6172_616e_7431u64; // "quarant1"
+                for &t in o.quarantine_positions() {
+                    h = mix(h ^ t);
+                }
+                out.push_str(&format!(
+                    "quarantine={},{h:016x},{}\n",
+                    o.quarantined(),
+                    s.name
+                ));
+            }
         }
         out.push_str(&self.counter.schedule().canonical_text(step));
         out
@@ -265,7 +410,7 @@ impl<'a> Batch<'a> {
             .iter()
             .zip(&counts.drawn)
             .map(|(o, &j)| {
-                let e = j / o.train_len();
+                let e = j / o.epoch_len();
                 (e, o.epoch_permutation(e))
             })
             .collect();
@@ -290,6 +435,13 @@ impl<'a> Batch<'a> {
         let k = self.mixture.by_rank[r];
         let draw = self.counts.drawn[k] + (p - self.offsets[r]);
         let order = &self.mixture.orders[k];
+        if order.quarantined() > 0 {
+            return Row {
+                source: k,
+                draw,
+                observation: order.observation(draw),
+            };
+        }
         let (m, (e, perm)) = (order.train_len(), &self.epochs[k]);
         let t = if draw / m == *e {
             perm.apply(draw % m)
@@ -315,6 +467,50 @@ impl<'a> Batch<'a> {
 mod tests {
     use super::super::tests::weights;
     use super::*;
+
+    #[test]
+    fn quarantined_observations_are_never_drawn_and_the_rest_is_unchanged() {
+        for (len, val, bad) in [
+            (50u64, 0u64, vec![3u64, 7, 8, 20, 49, 0, 31]),
+            (40, 5, vec![1, 2]),
+        ] {
+            let plain = SourceOrder::new("s", len, val, 11, 3).unwrap();
+            let held: Vec<u64> = (0..val).map(|i| plain.val_observation(i)).collect();
+            let bad: Vec<u64> = bad.into_iter().filter(|o| !held.contains(o)).collect();
+            let q = plain.clone().with_quarantine("s", &bad).unwrap();
+            let m = q.epoch_len();
+            assert_eq!(m, plain.train_len() - bad.len() as u64);
+            for e in 0..6 {
+                let drawn: Vec<u64> = (e * m..(e + 1) * m).map(|j| q.observation(j)).collect();
+                let set: std::collections::HashSet<u64> = drawn.iter().copied().collect();
+                assert_eq!(set.len() as u64, m, "epoch {e}: no repeat");
+                assert!(
+                    bad.iter().all(|b| !set.contains(b)),
+                    "epoch {e}: a quarantined draw"
+                );
+                assert!(
+                    held.iter().all(|h| !set.contains(h)),
+                    "epoch {e}: a held-out draw"
+                );
+            }
+            // Before the first wrap, a draw that held no quarantined observation is unchanged.
+            for j in 0..m {
+                let before = plain.observation(j);
+                if !bad.contains(&before) {
+                    assert_eq!(q.observation(j), before, "draw {j}");
+                }
+            }
+        }
+        let plain = SourceOrder::new("s", 10, 2, 1, 1).unwrap();
+        let held = plain.val_observation(0);
+        assert!(plain.clone().with_quarantine("s", &[held]).is_err());
+        assert!(plain.clone().with_quarantine("s", &[10]).is_err());
+        assert!(
+            plain
+                .with_quarantine("s", &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9])
+                .is_err()
+        );
+    }
 
     fn mixture(ws: &[f64], lens: &[u64], g: u64, seed: u64) -> Mixture {
         let specs = (0..ws.len())
