@@ -47,6 +47,13 @@ impl Core {
     /// Opens the dataset at `dir` with the plan given as mount flags (`["--window", "9", ..]`).
     pub fn open(dir: &Path, flags: &[String]) -> Result<Core, CoreError> {
         let flags = Flags::try_parse_from(flags).map_err(|e| CoreError::Invalid(e.to_string()))?;
+        if flags.plan.config.is_some() {
+            return Err(CoreError::Invalid(
+                "config: mixtures are served by `shufflefs mount --config RUN.toml MNT` (read \
+                 them with shufflefs.Mount); the in-process backend takes one dataset"
+                    .into(),
+            ));
+        }
         let config = ViewConfig::from(&flags.plan);
         Ok(Core {
             view: View::open(dir, &config)?,
