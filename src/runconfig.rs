@@ -112,10 +112,12 @@ pub struct SourceConfig {
 pub struct ScheduleEntry {
     /// The first global step it applies to.
     pub from_step: u64,
-    /// The weights, in source order.
-    pub(crate) weights: Vec<Weight>,
-    /// The weights as written, in source order.
+    /// The weights, in source order (`None`: those in force carry over).
+    pub(crate) weights: Option<Vec<Weight>>,
+    /// The weights as written, in source order (empty when they carry over).
     pub weight_texts: Vec<String>,
+    /// The rows per rank per step from `from_step` on (`None`: carries over).
+    pub batch_size: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -165,7 +167,8 @@ struct RawSource {
 #[serde(deny_unknown_fields)]
 struct RawEntry {
     from_step: u64,
-    weights: BTreeMap<String, toml::Value>,
+    weights: Option<BTreeMap<String, toml::Value>>,
+    batch_size: Option<u64>,
 }
 
 impl RunConfig {
@@ -221,32 +224,45 @@ impl RunConfig {
                     e.from_step
                 )));
             }
-            if let Some(name) = e
-                .weights
-                .keys()
-                .find(|n| !sources.iter().any(|s| &s.name == *n))
-            {
-                return Err(at(format!("schedule[{i}]: no source named {name:?}")));
+            if e.weights.is_none() && e.batch_size.is_none() {
+                return Err(at(format!(
+                    "schedule[{i}]: give weights, batch_size or both from step {}",
+                    e.from_step
+                )));
             }
-            let mut weights = Vec::with_capacity(sources.len());
-            let mut weight_texts = Vec::with_capacity(sources.len());
-            for s in &sources {
-                let Some(v) = e.weights.get(&s.name) else {
-                    return Err(at(format!(
-                        "schedule[{i}]: no weight for source {:?} (give every source's weight; \
-                         0 to leave one out)",
-                        s.name
-                    )));
-                };
-                let (w, t) =
-                    weight(v).map_err(|err| at(format!("schedule[{i}] {:?}: {err}", s.name)))?;
-                weights.push(w);
-                weight_texts.push(t);
+            if e.batch_size == Some(0) {
+                return Err(at(format!("schedule[{i}]: batch_size must be at least 1")));
+            }
+            let mut weights = None;
+            let mut weight_texts = Vec::new();
+            if let Some(given) = &e.weights {
+                if let Some(name) = given
+                    .keys()
+                    .find(|n| !sources.iter().any(|s| &s.name == *n))
+                {
+                    return Err(at(format!("schedule[{i}]: no source named {name:?}")));
+                }
+                let mut ws = Vec::with_capacity(sources.len());
+                for s in &sources {
+                    let Some(v) = given.get(&s.name) else {
+                        return Err(at(format!(
+                            "schedule[{i}]: no weight for source {:?} (give every source's \
+                             weight; 0 to leave one out)",
+                            s.name
+                        )));
+                    };
+                    let (w, t) = weight(v)
+                        .map_err(|err| at(format!("schedule[{i}] {:?}: {err}", s.name)))?;
+                    ws.push(w);
+                    weight_texts.push(t);
+                }
+                weights = Some(ws);
             }
             schedule.push(ScheduleEntry {
                 from_step: e.from_step,
                 weights,
                 weight_texts,
+                batch_size: e.batch_size,
             });
         }
         let split = match raw.split {

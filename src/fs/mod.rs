@@ -163,6 +163,11 @@ impl ShuffleFs {
     /// Adds a step cache of `budget` bytes and a prefetcher. Step files larger than half the
     /// budget are not cached (their reads go to the shards range by range).
     pub fn with_cache(mut self, budget: u64, prefetch: PrefetchConfig) -> ShuffleFs {
+        if self.view.variable_step_sizes() {
+            // The cache recycles buffers of one size.
+            log::info!("the schedule changes the batch size: step cache and prefetch off");
+            return self;
+        }
         let step = self.view.step_npy_len().max(1);
         if budget / step < 2 {
             log::info!(
@@ -381,7 +386,7 @@ impl ShuffleFs {
         Ok(match node {
             Node::Info => v.info_json().len() as u64,
             Node::Stats => self.stats_json().len() as u64,
-            Node::StepNpy(_) => v.step_npy_len(),
+            Node::StepNpy(key) => v.step_npy_len_at(key),
             Node::StepPos(_) => v.step_mask_len(Mask::Positions)?,
             Node::StepDocLens(_) => v.step_mask_len(Mask::DocLens)?,
             // Measured without writing it (a listing's `ls -l` stats thousands): see

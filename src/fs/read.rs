@@ -205,7 +205,7 @@ impl ShuffleFs {
         let job = Read::Job(ReadJob { node, offset, size });
         let bytes = match node {
             Node::StepNpy(key) => {
-                if offset >= self.view.step_npy_len() {
+                if offset >= self.view.step_npy_len_at(key) {
                     // The reader's end-of-file probe: nothing to read, count or prefetch.
                     return Ok(Read::Ready(Bytes::Borrowed(&[])));
                 }
@@ -296,7 +296,7 @@ impl ShuffleFs {
         if let Some(c) = &self.cache {
             c.count_miss();
         }
-        let len = self.view.step_npy_len();
+        let len = self.view.step_npy_len_at(key);
         let buf = room(scratch, u64::from(size).min(len - offset) as usize);
         let n = self.view.read_step_npy(key, offset, buf)?;
         Ok(Bytes::Borrowed(&scratch[..n]))

@@ -472,7 +472,7 @@ impl View {
     ) -> Result<()> {
         let val = key.epoch == super::mixture::VAL_EPOCH;
         let global_step = if val { 0 } else { self.plan.global_step(key) };
-        let rows = mixed.rows(key, self.plan.ranks(), 0, self.plan.batch_size());
+        let rows = mixed.rows(key, self.plan.ranks(), 0, self.step_batch(key));
         let mut value = MixtureStepJson {
             val,
             epoch: (!val).then_some(key.epoch),

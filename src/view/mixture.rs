@@ -86,8 +86,10 @@ pub struct SourceInfo {
 pub struct ScheduleInfo {
     /// First global step.
     pub from_step: u64,
-    /// The weights as written, in source order.
+    /// The weights as written, in source order (empty: unchanged).
     pub weights: Vec<String>,
+    /// Rows per rank per step from `from_step` on (`null`: unchanged).
+    pub batch_size: Option<u64>,
 }
 
 impl Mixed {
@@ -134,8 +136,10 @@ impl Mixed {
         let mut schedule =
             Schedule::new(units(&first)?, g).map_err(|e| at(format!("schedule: {e}")))?;
         for e in &config.schedule {
+            let weights = e.weights.as_deref().map(&units).transpose()?;
+            let g = e.batch_size.map(|b| b * config.view.ranks);
             schedule
-                .change(e.from_step, Some(units(&e.weights)?), None)
+                .change(e.from_step, weights, g)
                 .map_err(|err| at(format!("schedule: {err}")))?;
         }
         let specs: Vec<SourceSpec> = sources
@@ -194,6 +198,7 @@ impl Mixed {
                 .map(|e| ScheduleInfo {
                     from_step: e.from_step,
                     weights: e.weight_texts.clone(),
+                    batch_size: e.batch_size,
                 })
                 .collect(),
         };
@@ -261,6 +266,19 @@ impl Mixed {
     /// The global batch of the mixture's first segment (the batch of every held-out step).
     fn info_global_batch(&self, _ranks: u64) -> u64 {
         self.mixture.counter().schedule().segments()[0].global_batch
+    }
+
+    /// The global batch of global step `x`.
+    pub(super) fn global_batch_at(&self, x: u64) -> u64 {
+        self.mixture.counter().schedule().segment(x).global_batch
+    }
+
+    /// Whether the global batch changes anywhere in the schedule.
+    pub(super) fn batch_changes(&self) -> bool {
+        let segments = self.mixture.counter().schedule().segments();
+        segments
+            .iter()
+            .any(|s| s.global_batch != segments[0].global_batch)
     }
 
     /// The canonical text of everything that decides the rows of global steps `0..=step`.

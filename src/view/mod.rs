@@ -303,6 +303,43 @@ impl View {
         shape
     }
 
+    /// Rows of step `key`'s file: `--batch-size`, or in a mixture whose schedule changes the
+    /// batch, the batch of its global step.
+    pub fn step_batch(&self, key: StepKey) -> u64 {
+        match &self.mixed {
+            Some(m) if key.epoch != mixture::VAL_EPOCH && m.batch_changes() => {
+                m.global_batch_at(self.plan.global_step(key)) / self.plan.ranks()
+            }
+            _ => self.plan.batch_size(),
+        }
+    }
+
+    /// Whether step files differ in size (a mixture whose schedule changes the batch).
+    pub(crate) fn variable_step_sizes(&self) -> bool {
+        self.mixed.as_ref().is_some_and(|m| m.batch_changes())
+    }
+
+    /// The `.npy` header of a step file of `rows` rows.
+    fn step_header(&self, rows: u64) -> Result<std::borrow::Cow<'_, [u8]>> {
+        if rows == self.plan.batch_size() {
+            return Ok(std::borrow::Cow::Borrowed(&self.npy_header));
+        }
+        Ok(std::borrow::Cow::Owned(npy::header(
+            &self.served_descr(),
+            &[rows, self.window],
+        )?))
+    }
+
+    /// Size of step `key`'s `.npy` file (see [`View::step_batch`]).
+    pub fn step_npy_len_at(&self, key: StepKey) -> u64 {
+        let rows = self.step_batch(key);
+        if rows == self.plan.batch_size() {
+            return self.step_npy_len();
+        }
+        let header = self.step_header(rows).map_or(0, |h| h.len() as u64);
+        header + rows * self.window * self.out_itemsize
+    }
+
     /// Held-out steps of each rank under `/val` (tests).
     #[doc(hidden)]
     pub fn val_steps_for_tests(&self) -> u64 {

@@ -49,17 +49,17 @@ impl View {
 
     /// The whole `S.npy` for `key`.
     pub fn render_step_npy(&self, key: StepKey) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; self.step_npy_len() as usize];
+        let mut out = vec![0u8; self.step_npy_len_at(key) as usize];
         self.render_step_npy_into(key, &mut out)?;
         Ok(out)
     }
 
     /// The whole `S.npy` for `key` into `out`, which must be exactly its size.
     pub(crate) fn render_step_npy_into(&self, key: StepKey, out: &mut [u8]) -> Result<()> {
-        if out.len() as u64 != self.step_npy_len() {
+        if out.len() as u64 != self.step_npy_len_at(key) {
             return Err(Error::invalid(format!(
                 "a step file is {} bytes, not {}",
-                self.step_npy_len(),
+                self.step_npy_len_at(key),
                 out.len()
             )));
         }
@@ -207,10 +207,11 @@ impl View {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<usize> {
-        let header = &self.npy_header;
+        let batch = self.step_batch(key);
+        let header = self.step_header(batch)?;
         let header_len = header.len() as u64;
         let row_bytes = self.window * self.out_itemsize;
-        let len = header_len + self.plan.batch_size() * row_bytes;
+        let len = header_len + batch * row_bytes;
         if offset >= len {
             return Ok(0);
         }

@@ -422,3 +422,65 @@ fn quarantined_observations_change_only_the_rows_that_held_them() {
     );
     assert_ne!(q.fingerprint(), plain.fingerprint());
 }
+
+#[test]
+fn a_batch_size_change_continues_the_rows_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    sources(dir.path());
+    let head = "batch_size = 4\nranks = 2\nseed = 8\nsteps_per_epoch = 60";
+    let plain = View::mixture(&config(dir.path(), head, "0.6,0.3,0.1", ""), 64).unwrap();
+    let ramp = "[[schedule]]\nfrom_step = 30\nbatch_size = 6\n";
+    let view = View::mixture(&config(dir.path(), head, "0.6,0.3,0.1", ramp), 64).unwrap();
+    let (x, y) = (all_steps(&plain), all_steps(&view));
+    let mut draws: Vec<Vec<u64>> = vec![Vec::new(); 3];
+    for ((g, key, npy_a, _), (_, _, npy_b, json_b)) in x.iter().zip(&y) {
+        let rows = json_b["sources"].as_array().unwrap().len();
+        if *g < 30 {
+            assert_eq!(npy_a, npy_b, "{key:?}: before the change");
+            assert_eq!(rows, 4);
+        } else {
+            assert_eq!(rows, 6, "{key:?}");
+            let header = npy_b.len() - 6 * WINDOW as usize * 4;
+            assert!(
+                header.is_multiple_of(64) && npy_b[..header].windows(6).any(|w| w == b"(6, 17")
+            );
+        }
+        assert_eq!(view.step_npy_len_at(*key), npy_b.len() as u64);
+        for r in 0..rows {
+            let k = ["a", "b", "c"]
+                .iter()
+                .position(|n| *n == json_b["sources"][r].as_str().unwrap())
+                .unwrap();
+            draws[k].push(json_b["draws"][r].as_u64().unwrap());
+        }
+    }
+    // The global row counter continues: each source's draws are 0..n, none skipped or twice.
+    for d in &mut draws {
+        d.sort_unstable();
+        assert!(d.iter().enumerate().all(|(i, &v)| v == i as u64));
+    }
+    assert_eq!(draws.iter().map(Vec::len).sum::<usize>(), 30 * 8 + 30 * 12);
+    if !fuse_available() {
+        return;
+    }
+    let mnt = MountDir::new();
+    let path = dir.path().join("run.toml");
+    shufflefs_ok(&["mount", "--config", s(&path), s(mnt.path())]);
+    for step in [29u64, 30, 59] {
+        let key = StepKey {
+            epoch: 0,
+            rank: 1,
+            step,
+        };
+        let file = step_path(mnt.path(), 0, 1, step, "npy");
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().len(),
+            view.step_npy_len_at(key)
+        );
+        assert_eq!(
+            std::fs::read(&file).unwrap(),
+            view.render_step_npy(key).unwrap()
+        );
+    }
+    unmount(mnt.path());
+}
