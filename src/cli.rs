@@ -361,6 +361,11 @@ pub struct MountFlags {
     /// resuming a checkpoint with exactly the data order it was trained with.
     #[arg(long, value_name = "HEX", help_heading = MOUNT_HEADING)]
     pub expect_fingerprint: Option<String>,
+    /// With --expect-fingerprint and --config: compare the fingerprint of this global step
+    /// (the one its S.json carries), so schedule entries after the resume step do not matter
+    /// [default: 0].
+    #[arg(long, value_name = "STEP", requires = "expect_fingerprint", help_heading = MOUNT_HEADING)]
+    pub resume_step: Option<u64>,
     /// A read that touches shards answers EIO after this many seconds (decimals allowed; 0
     /// disables the deadline, and reads then run on the FUSE threads).
     #[arg(long, value_name = "SECS", default_value = "30", value_parser = seconds("--read-timeout"), help_heading = MOUNT_HEADING)]

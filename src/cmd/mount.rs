@@ -77,7 +77,7 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
     let cache_size = args.cache_size;
     check_cache_size(cache_size, memory_limit())?;
     if let Some(expected) = &args.expect_fingerprint {
-        view.check_fingerprint(expected)?;
+        view.check_fingerprint(expected, args.resume_step.unwrap_or(0))?;
     }
     // 0 disables the deadline.
     let read_timeout = (!args.read_timeout.is_zero()).then_some(args.read_timeout);

@@ -32,7 +32,7 @@ pub(crate) fn run(args: PlanArgs) -> Result<()> {
         }
     };
     if let Some(expected) = &args.mount.expect_fingerprint {
-        view.check_fingerprint(expected)?;
+        view.check_fingerprint(expected, args.mount.resume_step.unwrap_or(0))?;
     }
     if args.info {
         let _ = std::io::stdout().write_all(view.info_json());

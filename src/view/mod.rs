@@ -505,9 +505,11 @@ impl View {
     }
 
     /// `--expect-fingerprint`: an error unless `expected` (white space around it ignored, any
-    /// case) is this view's fingerprint.
-    pub(crate) fn check_fingerprint(&self, expected: &str) -> Result<()> {
-        let fingerprint = &self.info.fingerprint;
+    /// case) is the fingerprint of global step `resume_step` (`--resume-step`; for one dataset
+    /// the mount's fingerprint, for a mixture the one that covers the schedule up to that
+    /// step, as that step's `S.json` carries it).
+    pub(crate) fn check_fingerprint(&self, expected: &str, resume_step: u64) -> Result<()> {
+        let fingerprint = &self.fingerprint_at(resume_step);
         if expected.trim().eq_ignore_ascii_case(fingerprint) {
             return Ok(());
         }

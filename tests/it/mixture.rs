@@ -197,6 +197,26 @@ fn a_schedule_change_keeps_the_past_and_continues_each_source() {
     assert_eq!(fp(&x[39 * 2].3), fp(&y[39 * 2].3));
     assert_ne!(fp(&x[41 * 2].3), fp(&y[41 * 2].3));
     assert_eq!(before.fingerprint(), after.fingerprint());
+    // A resume at step 39 checks step 39's fingerprint: the entry at 40 does not matter; at
+    // step 41 it does.
+    let run = dir.path().join("run.toml"); // the configuration with the change
+    let check = |fp: &str, step: &str| {
+        shufflefs(&[
+            "plan",
+            "--config",
+            s(&run),
+            "--info",
+            "--expect-fingerprint",
+            fp,
+            "--resume-step",
+            step,
+        ])
+        .status
+        .success()
+    };
+    assert!(check(&fp(&x[39 * 2].3), "39"));
+    assert!(!check(&fp(&x[41 * 2].3), "41"));
+    assert!(check(&fp(&y[41 * 2].3), "41"));
 }
 
 #[test]
