@@ -286,6 +286,10 @@ pub struct PlanOptions {
     /// a token sits at another position of its window every epoch.
     #[arg(long, help_heading = PLAN_HEADING)]
     pub rewindow: bool,
+    /// Observation ids never served (one per line, # comments): each row that would hold one
+    /// takes an observation the epoch would otherwise drop; every other row is unchanged.
+    #[arg(long, value_name = "FILE", help_heading = PLAN_HEADING)]
+    pub quarantine: Option<PathBuf>,
     /// Padding token of --mode documents (first field of structured records; other fields 0)
     /// [default: 0].
     #[arg(long, allow_hyphen_values = true, help_heading = PLAN_HEADING)]

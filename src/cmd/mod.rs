@@ -54,6 +54,7 @@ impl From<&PlanOptions> for ViewConfig {
             bos: p.bos,
             pack_block_docs: p.pack_block_docs,
             rewindow: p.rewindow,
+            quarantine: p.quarantine.clone(),
             max_listing: crate::tree::DEFAULT_MAX_LISTING,
             out_dtype: p.out_dtype,
         }

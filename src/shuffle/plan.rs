@@ -13,6 +13,13 @@
 //!
 //! A global batch (all ranks' rows of one step) is the position range `[step*G, (step+1)*G)`,
 //! so it depends only on `G`: changing `ranks` while keeping `G` gives the same global batches.
+//!
+//! With a quarantine of `q` observations (`--quarantine`), `steps_per_epoch = floor((n - q) /
+//! G)`; in epoch `e` the positions below `T*G` that hold a quarantined observation, in
+//! position order, take the positions of `[T*G, n)` that hold none, in position order (there
+//! are always enough). Every other position keeps its observation.
+
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 use crate::shuffle::feistel::Permutation;
@@ -50,6 +57,72 @@ pub struct Plan {
     seed: u64,
     epochs: u64,
     global_batch: u64,
+    quarantine: Option<Arc<Quarantine>>,
+}
+
+/// Observations never served, and where they fall in recent epochs.
+#[derive(Debug)]
+pub(crate) struct Quarantine {
+    /// Observation ids, sorted, unique.
+    observations: Vec<u64>,
+    /// Per epoch (a few kept): the positions of the quarantined observations below the served
+    /// range's end and at or after it, each sorted.
+    epochs: Mutex<Vec<(u64, Arc<Placed>)>>,
+}
+
+/// Where one epoch's quarantined observations are: sorted positions served, sorted the rest.
+type Placed = (Vec<u64>, Vec<u64>);
+
+/// Epochs whose quarantine placement is kept.
+const EPOCHS_KEPT: usize = 4;
+
+impl PartialEq for Quarantine {
+    fn eq(&self, other: &Quarantine) -> bool {
+        self.observations == other.observations
+    }
+}
+
+impl Eq for Quarantine {}
+
+impl Quarantine {
+    /// The placement in epoch `epoch` (permutation `perm`, `served` positions).
+    fn placed(&self, epoch: u64, perm: &Permutation, served: u64) -> Arc<Placed> {
+        let mut cache = self.epochs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, p)) = cache.iter().find(|(e, _)| *e == epoch) {
+            return p.clone();
+        }
+        let mut at: Vec<u64> = self.observations.iter().map(|&o| perm.invert(o)).collect();
+        at.sort_unstable();
+        let tail = at.split_off(at.partition_point(|&p| p < served));
+        let placed = Arc::new((at, tail));
+        if cache.len() >= EPOCHS_KEPT {
+            cache.remove(0);
+        }
+        cache.push((epoch, placed.clone()));
+        placed
+    }
+
+    /// The observation served at `position` of epoch `epoch`, given that `perm` puts `value`
+    /// there.
+    fn fix(&self, epoch: u64, perm: &Permutation, served: u64, position: u64, value: u64) -> u64 {
+        if self.observations.binary_search(&value).is_err() {
+            return value;
+        }
+        let placed = self.placed(epoch, perm, served);
+        let (head, tail) = &*placed;
+        let i = head
+            .binary_search(&position)
+            .expect("a quarantined served position") as u64;
+        let mut x = served + i;
+        for &b in tail {
+            if b <= x {
+                x += 1;
+            } else {
+                break;
+            }
+        }
+        perm.apply(x)
+    }
 }
 
 impl Plan {
@@ -83,7 +156,33 @@ impl Plan {
             seed,
             epochs,
             global_batch,
+            quarantine: None,
         })
+    }
+
+    /// The same plan never serving `observations` (see the module docs). Refuses an id out of
+    /// range and a list that leaves no step.
+    pub(crate) fn with_quarantine(mut self, mut observations: Vec<u64>) -> Result<Plan> {
+        observations.sort_unstable();
+        observations.dedup();
+        if let Some(&o) = observations.iter().find(|&&o| o >= self.n_observations) {
+            return Err(Error::invalid(format!(
+                "--quarantine: observation {o} is out of range (the plan has {})",
+                self.n_observations
+            )));
+        }
+        self.quarantine = (!observations.is_empty()).then(|| {
+            Arc::new(Quarantine {
+                observations,
+                epochs: Mutex::new(Vec::new()),
+            })
+        });
+        Ok(self)
+    }
+
+    /// Quarantined observations.
+    pub(crate) fn quarantined(&self) -> &[u64] {
+        self.quarantine.as_ref().map_or(&[], |q| &q.observations)
     }
 
     /// Number of observations shuffled each epoch.
@@ -110,13 +209,13 @@ impl Plan {
     pub fn global_batch(&self) -> u64 {
         self.global_batch
     }
-    /// `floor(n_observations / global_batch)`.
+    /// `floor((n_observations - quarantined) / global_batch)`.
     pub fn steps_per_epoch(&self) -> u64 {
-        self.n_observations / self.global_batch
+        (self.n_observations - self.quarantined().len() as u64) / self.global_batch
     }
-    /// Observations dropped at the end of every epoch (`n mod G`).
+    /// Observations not served in an epoch (the tail and the quarantined ones).
     pub(crate) fn dropped_per_epoch(&self) -> u64 {
-        self.n_observations % self.global_batch
+        self.n_observations - self.steps_per_epoch() * self.global_batch
     }
 
     /// Whether `key` names an existing step.
@@ -151,6 +250,10 @@ impl Plan {
             next: self.position(key, 0),
             stride: self.ranks,
             left: self.batch_size,
+            quarantine: self.quarantine.clone().map(|q| {
+                let served = self.steps_per_epoch() * self.global_batch;
+                (q, key.epoch, served)
+            }),
         }
     }
 
@@ -158,7 +261,21 @@ impl Plan {
     /// Runs the permutation backwards: O(1).
     pub fn locate(&self, epoch: u64, observation: u64) -> Option<Placement> {
         debug_assert!(observation < self.n_observations);
-        let position = self.permutation(epoch).invert(observation);
+        let perm = self.permutation(epoch);
+        let mut position = perm.invert(observation);
+        if let Some(q) = &self.quarantine {
+            if q.observations.binary_search(&observation).is_ok() {
+                return None;
+            }
+            let served = self.steps_per_epoch() * self.global_batch;
+            if position >= served {
+                // A spare: it fills the i-th quarantined served position, if there is one.
+                let placed = q.placed(epoch, &perm, served);
+                let (head, tail) = &*placed;
+                let i = position - served - tail.partition_point(|&b| b < position) as u64;
+                position = *head.get(i as usize)?;
+            }
+        }
         let step = position / self.global_batch;
         if step >= self.steps_per_epoch() {
             return None;
@@ -180,20 +297,36 @@ pub(crate) struct StepObservations {
     next: u64,
     stride: u64,
     left: u64,
+    /// The quarantine, the epoch and the served positions.
+    quarantine: Option<(Arc<Quarantine>, u64, u64)>,
 }
 
 impl StepObservations {
     /// The observation of row `row` (0-based) counted from the iterator's start.
     #[cfg(test)]
     pub(crate) fn row(&self, row: u64) -> u64 {
-        self.perm.apply(self.next + row * self.stride)
+        let position = self.next + row * self.stride;
+        self.fixed(position, self.perm.apply(position))
+    }
+
+    /// The observation served at `position`, where the permutation puts `value`.
+    fn fixed(&self, position: u64, value: u64) -> u64 {
+        match &self.quarantine {
+            Some((q, epoch, served)) => q.fix(*epoch, &self.perm, *served, position, value),
+            None => value,
+        }
     }
 
     /// The observations of rows `first ..` (counted from the iterator's start) into `out`,
     /// computed together ([`Permutation::apply_strided`]).
     pub(crate) fn fill(&self, first: u64, out: &mut [u64]) {
-        self.perm
-            .apply_strided(self.next + first * self.stride, self.stride, out);
+        let start = self.next + first * self.stride;
+        self.perm.apply_strided(start, self.stride, out);
+        if self.quarantine.is_some() {
+            for (i, v) in out.iter_mut().enumerate() {
+                *v = self.fixed(start + i as u64 * self.stride, *v);
+            }
+        }
     }
 }
 
@@ -204,7 +337,7 @@ impl Iterator for StepObservations {
         if self.left == 0 {
             return None;
         }
-        let v = self.perm.apply(self.next);
+        let v = self.fixed(self.next, self.perm.apply(self.next));
         self.left -= 1;
         if self.left > 0 {
             self.next += self.stride;
@@ -266,6 +399,50 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn quarantined_observations_are_replaced_by_the_epochs_spares() {
+        for (n, b, r, bad) in [
+            (100u64, 4u64, 3u64, vec![5u64, 17, 99, 0]),
+            (50, 7, 1, vec![1, 2, 3, 4, 5, 6, 7, 8]),
+            (1000, 16, 2, vec![999, 500, 1]),
+        ] {
+            let plain = Plan::new(n, b, r, 11, 3).unwrap();
+            let plan = plain.clone().with_quarantine(bad.clone()).unwrap();
+            let t = plan.steps_per_epoch();
+            assert_eq!(t, (n - bad.len() as u64) / (b * r));
+            for epoch in 0..3 {
+                let mut seen = std::collections::HashSet::new();
+                for step in 0..t {
+                    for rank in 0..r {
+                        let k = key(epoch, rank, step);
+                        let obs: Vec<u64> = plan.observations(k).collect();
+                        let mut filled = vec![0u64; b as usize];
+                        plan.observations(k).fill(0, &mut filled);
+                        assert_eq!(obs, filled);
+                        for (row, &o) in obs.iter().enumerate() {
+                            assert!(!bad.contains(&o), "epoch {epoch}: {o} is quarantined");
+                            assert!(seen.insert(o), "epoch {epoch}: {o} twice");
+                            let p = plan.locate(epoch, o).unwrap();
+                            assert_eq!((p.step, p.rank, p.row), (step, rank, row as u64));
+                            let before = plain.observations(k).nth(row).unwrap();
+                            if t == plain.steps_per_epoch() && !bad.contains(&before) {
+                                assert_eq!(o, before, "a row without a quarantined observation");
+                            }
+                        }
+                    }
+                }
+                assert_eq!(seen.len() as u64, t * b * r);
+                assert!(bad.iter().all(|&o| plan.locate(epoch, o).is_none()));
+            }
+        }
+        assert!(
+            Plan::new(10, 1, 1, 0, 1)
+                .unwrap()
+                .with_quarantine(vec![10])
+                .is_err()
+        );
     }
 
     #[test]

@@ -95,6 +95,9 @@ pub struct Info {
     /// `--rewindow`: each epoch's windows start at a phase drawn from (seed, epoch).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub rewindow: bool,
+    /// `--quarantine`: observations never served.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub quarantined: u64,
     /// A mixture (`--config`): its sources, weights and schedule.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mixture: Option<super::MixtureInfo>,
@@ -116,6 +119,10 @@ pub struct TruncatedListing {
     pub names: u64,
     /// Names its listing shows: the first ones in listing order.
     pub listed: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What `info.json` reports besides the dataset and the plan.
@@ -183,12 +190,30 @@ impl Info {
             max_listing: g.max_listing,
             truncated_listings: truncated(&g.shape, g.max_listing),
             rewindow: g.rewindow,
+            quarantined: plan.quarantined().len() as u64,
             mixture: None,
             packing: g.packing.as_ref().map(|p| p.0.clone()),
             dataset: dataset.dir().display().to_string(),
             shufflefs_version: env!("CARGO_PKG_VERSION"),
         };
-        info.fingerprint = fingerprint(&info, manifest, g.packing.as_ref().map(|p| p.1.as_str()));
+        let mut extra = g.packing.as_ref().map(|p| p.1.clone()).unwrap_or_default();
+        if !plan.quarantined().is_empty() {
+            // Only present with a quarantine, so other fingerprints are unchanged.
+            let mut h = ContentHasher::new();
+            for o in plan.quarantined() {
+                h.update(&o.to_le_bytes());
+            }
+            extra.push_str(&format!(
+                "quarantine={},{}\n",
+                plan.quarantined().len(),
+                format::format_hash(h.finish())
+            ));
+        }
+        info.fingerprint = fingerprint(
+            &info,
+            manifest,
+            Some(extra.as_str()).filter(|e| !e.is_empty()),
+        );
         info.layout_fingerprint = layout_fingerprint(&info);
         info
     }

@@ -102,6 +102,8 @@ pub struct ViewConfig {
     /// Stream mode: each epoch's windows start at a phase drawn from (seed, epoch)
     /// (`--rewindow`).
     pub rewindow: bool,
+    /// A file of observation ids never served (`--quarantine`).
+    pub quarantine: Option<std::path::PathBuf>,
 }
 
 impl ViewConfig {
@@ -128,6 +130,7 @@ impl ViewConfig {
             bos: None,
             pack_block_docs: None,
             rewindow: false,
+            quarantine: None,
         }
     }
 }
@@ -215,13 +218,21 @@ impl View {
                 "--bos and --pack-block-docs only apply to --mode packed",
             ));
         }
-        let plan = Plan::new(
+        let mut plan = Plan::new(
             n_obs,
             config.batch_size,
             config.ranks,
             config.seed,
             config.epochs,
         )?;
+        if let Some(path) = &config.quarantine {
+            if config.mode == Mode::Packed {
+                return Err(Error::invalid(
+                    "--quarantine applies to stream and documents rows, not --mode packed",
+                ));
+            }
+            plan = plan.with_quarantine(read_ids(path)?)?;
+        }
         check_serves(&dataset, config, &plan, stride)?;
         // Every file must be numberable; checked here so `plan` and `bench` refuse exactly
         // what `mount` refuses.
@@ -580,6 +591,26 @@ fn observations(dataset: &Dataset, config: &ViewConfig, windows: &Windows) -> Re
         }
     }
     Ok(n_obs)
+}
+
+/// The observation ids of a `--quarantine` file: one per line, `#` starts a comment.
+fn read_ids(path: &Path) -> Result<Vec<u64>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let mut ids = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        ids.push(line.parse().map_err(|_| {
+            Error::invalid(format!(
+                "{}:{}: {line:?} is not an observation id (one per line)",
+                path.display(),
+                n + 1
+            ))
+        })?);
+    }
+    Ok(ids)
 }
 
 /// The tree's shape of `plan` under `config` (see [`View::shape`]).

@@ -67,6 +67,7 @@ mod packed;
 mod parsers;
 mod prefill;
 mod provenance;
+mod quarantine;
 mod records;
 mod reftests;
 mod resume;
