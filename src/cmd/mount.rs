@@ -126,7 +126,7 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
 pub(crate) fn open_mixture(
     path: &Path,
     plan: &crate::cli::PlanOptions,
-    max_listing: u64,
+    args: &crate::cli::MountFlags,
     max_open: usize,
 ) -> Result<View> {
     if plan.window.is_some() || plan.batch_size.is_some() || plan.stride.is_some() {
@@ -136,8 +136,13 @@ pub(crate) fn open_mixture(
         ));
     }
     let mut config = crate::runconfig::RunConfig::read(path)?;
-    config.view.max_listing = max_listing;
-    View::mixture(&config, max_open)
+    config.view.max_listing = args.max_listing;
+    let open = crate::view::OpenOptions {
+        max_open,
+        allow_other: args.allow_other,
+        verify_reads: args.verify_reads,
+    };
+    View::mixture(&config, &open)
 }
 
 /// Opens the dataset and its view as the flags say, and logs what it serves.
@@ -148,7 +153,7 @@ fn open_view(
     max_open: usize,
 ) -> Result<View> {
     if let Some(path) = &plan.config {
-        let view = open_mixture(path, plan, args.max_listing, max_open)?;
+        let view = open_mixture(path, plan, args, max_open)?;
         info!(
             "mixture {}: {} sources, {} steps/epoch x {} ranks x {} epochs, fingerprint {}",
             path.display(),

@@ -21,7 +21,7 @@ pub(crate) fn run(args: PlanArgs) -> Result<()> {
         (Some(path), None) => super::mount::open_mixture(
             path,
             &args.plan,
-            args.mount.max_listing,
+            &args.mount,
             crate::storage::fdpool::DEFAULT_MAX_OPEN,
         )?,
         (None, Some(dir)) => View::open(dir, &config)?,

@@ -29,6 +29,17 @@ pub(super) const VAL_EPOCH: u64 = u64::MAX;
 /// Steps whose counts are kept.
 const COUNTS_KEPT: usize = 64;
 
+/// How a mixture's datasets are opened (the single-dataset mount's options).
+#[derive(Clone, Copy, Debug)]
+pub struct OpenOptions {
+    /// Most descriptors each dataset keeps open.
+    pub max_open: usize,
+    /// The mount lets other users read it.
+    pub allow_other: bool,
+    /// Check every shard read against its block checksums.
+    pub verify_reads: bool,
+}
+
 /// The sources of a mixture view and its plan.
 #[derive(Debug)]
 pub(super) struct Mixed {
@@ -93,16 +104,24 @@ pub struct ScheduleInfo {
 }
 
 impl Mixed {
-    /// Opens every source of `config` with the run's geometry and builds the mixture.
-    pub(super) fn open(config: &RunConfig, max_open: usize) -> Result<Mixed> {
+    /// Opens every source of `config` with the run's geometry and builds the mixture. Each
+    /// dataset is opened as a single-dataset mount opens it (`Dataset::open_with`: the owner
+    /// rule, and for an `allow_other` mount the world-readable rule; `verify_reads` checks
+    /// every shard read against its block checksums).
+    pub(super) fn open(config: &RunConfig, open: &OpenOptions) -> Result<Mixed> {
         let at = |what: String| Error::invalid(format!("{}: {what}", config.path.display()));
         if config.view.rewindow || config.view.mode == Mode::Packed {
             return Err(at("a mixture serves stream or documents rows".into()));
         }
         let mut sources = Vec::with_capacity(config.sources.len());
         for s in &config.sources {
-            let dataset = Dataset::open_bounded(&s.path, max_open)
+            let mut dataset = Dataset::open_with(&s.path, open.max_open, open.allow_other)
                 .map_err(|e| at(format!("source {:?}: {e}", s.name)))?;
+            if open.verify_reads {
+                dataset = dataset
+                    .with_verified_reads()
+                    .map_err(|e| at(format!("source {:?}: {e}", s.name)))?;
+            }
             // One observation per step: any source with at least one observation serves.
             let geometry = super::ViewConfig {
                 batch_size: 1,

@@ -40,7 +40,7 @@ mod window;
 pub use info::{Info, TruncatedListing};
 pub(crate) use json::{json_len, json_range};
 pub(crate) use masks::Mask;
-pub use mixture::{MixtureInfo, ScheduleInfo, SourceInfo};
+pub use mixture::{MixtureInfo, OpenOptions, ScheduleInfo, SourceInfo};
 pub use packed::PackingInfo;
 
 use convert::Convert;
@@ -383,10 +383,10 @@ impl View {
         self.read_mixture_npy(m, key, offset, buf)
     }
 
-    /// A view of the mixture `config` describes (`--config RUN.toml`): each source opened
-    /// with at most `max_open` descriptors kept open.
-    pub fn mixture(config: &crate::runconfig::RunConfig, max_open: usize) -> Result<View> {
-        let mixed = mixture::Mixed::open(config, max_open)?;
+    /// A view of the mixture `config` describes (`--config RUN.toml`), its sources opened as
+    /// `open` says.
+    pub fn mixture(config: &crate::runconfig::RunConfig, open: &OpenOptions) -> Result<View> {
+        let mixed = mixture::Mixed::open(config, open)?;
         let c = &config.view;
         let plan = Plan::new(
             mixed
@@ -453,6 +453,20 @@ impl View {
         view.info.layout_fingerprint = info::layout_fingerprint(&view.info);
         view.info_json = view.info.to_json();
         Ok(view)
+    }
+
+    /// [`View::mixture`] with the defaults of `shufflefs plan` (tests).
+    #[doc(hidden)]
+    pub fn mixture_for_tests(
+        config: &crate::runconfig::RunConfig,
+        max_open: usize,
+    ) -> Result<View> {
+        let open = OpenOptions {
+            max_open,
+            allow_other: false,
+            verify_reads: false,
+        };
+        View::mixture(config, &open)
     }
 
     /// The fingerprint of the rows up to global step `step`: the mount's fingerprint for one

@@ -85,7 +85,7 @@ fn mixture_rows_counts_and_orders_keep_their_contract() {
         "0.5,0.2,0.3",
         "",
     );
-    let view = View::mixture(&cfg, 64).unwrap();
+    let view = View::mixture_for_tests(&cfg, 64).unwrap();
     let names = ["a", "b", "c"];
     let weights = [0.5, 0.2, 0.3];
     let lens = [30_000 / WINDOW, 9_000 / WINDOW, 2_000 / WINDOW];
@@ -168,9 +168,11 @@ fn a_schedule_change_keeps_the_past_and_continues_each_source() {
     let dir = tempfile::tempdir().unwrap();
     sources(dir.path());
     let head = "batch_size = 4\nranks = 2\nseed = 3\nsteps_per_epoch = 100\nepochs = 1";
-    let before = View::mixture(&config(dir.path(), head, "0.999,0.001,0", ""), 64).unwrap();
+    let before =
+        View::mixture_for_tests(&config(dir.path(), head, "0.999,0.001,0", ""), 64).unwrap();
     let change = "[[schedule]]\nfrom_step = 40\nweights = { a = 1, b = 1, c = 1 }\n";
-    let after = View::mixture(&config(dir.path(), head, "0.999,0.001,0", change), 64).unwrap();
+    let after =
+        View::mixture_for_tests(&config(dir.path(), head, "0.999,0.001,0", change), 64).unwrap();
     let (x, y) = (all_steps(&before), all_steps(&after));
     let mut draws: Vec<Vec<u64>> = vec![Vec::new(); 3];
     for ((g, key, npy_a, json_a), (_, _, npy_b, json_b)) in x.iter().zip(&y) {
@@ -223,7 +225,7 @@ fn a_schedule_change_keeps_the_past_and_continues_each_source() {
 fn global_batches_do_not_depend_on_the_rank_split_and_a_mount_serves_them() {
     let dir = tempfile::tempdir().unwrap();
     sources(dir.path());
-    let a = View::mixture(
+    let a = View::mixture_for_tests(
         &config(
             dir.path(),
             "batch_size = 6\nranks = 2\nsteps_per_epoch = 40",
@@ -233,7 +235,7 @@ fn global_batches_do_not_depend_on_the_rank_split_and_a_mount_serves_them() {
         64,
     )
     .unwrap();
-    let b = View::mixture(
+    let b = View::mixture_for_tests(
         &config(
             dir.path(),
             "batch_size = 3\nranks = 4\nsteps_per_epoch = 40",
@@ -324,7 +326,7 @@ fn a_held_out_split_is_disjoint_from_training_and_stable() {
     let dir = tempfile::tempdir().unwrap();
     sources(dir.path());
     let split = "[split]\nval = 0.05\nseed = 4\n";
-    let a = View::mixture(
+    let a = View::mixture_for_tests(
         &config(
             dir.path(),
             "batch_size = 4\nranks = 2\nseed = 1\nsteps_per_epoch = 200\nepochs = 2",
@@ -362,7 +364,7 @@ fn a_held_out_split_is_disjoint_from_training_and_stable() {
     assert!(!val.is_empty());
     assert!(val.is_disjoint(&train), "a held-out row was trained on");
     // Another seed, other weights, another batch: the same held-out set.
-    let b = View::mixture(
+    let b = View::mixture_for_tests(
         &config(
             dir.path(),
             "batch_size = 2\nranks = 2\nseed = 99\nsteps_per_epoch = 50",
@@ -384,7 +386,8 @@ fn quarantined_observations_change_only_the_rows_that_held_them() {
     sources(dir.path());
     let head = "batch_size = 4\nranks = 2\nseed = 5\nsteps_per_epoch = 100";
     // No source is used up in this epoch (about 560, 200 and 40 draws).
-    let plain = View::mixture(&config(dir.path(), head, "0.7,0.25,0.05", ""), 64).unwrap();
+    let plain =
+        View::mixture_for_tests(&config(dir.path(), head, "0.7,0.25,0.05", ""), 64).unwrap();
     let rows = |v: &View| -> Vec<(String, u64)> {
         all_steps(v)
             .iter()
@@ -408,7 +411,7 @@ fn quarantined_observations_change_only_the_rows_that_held_them() {
     let mut list: String = bad.iter().map(|(s, o)| format!("{s} {o}\n")).collect();
     list.push_str("# a comment\na 1700\n");
     std::fs::write(dir.path().join("bad.txt"), list).unwrap();
-    let q = View::mixture(
+    let q = View::mixture_for_tests(
         &config(
             dir.path(),
             &format!("{head}\nquarantine = \"bad.txt\""),
@@ -448,9 +451,9 @@ fn a_batch_size_change_continues_the_rows_exactly() {
     let dir = tempfile::tempdir().unwrap();
     sources(dir.path());
     let head = "batch_size = 4\nranks = 2\nseed = 8\nsteps_per_epoch = 60";
-    let plain = View::mixture(&config(dir.path(), head, "0.6,0.3,0.1", ""), 64).unwrap();
+    let plain = View::mixture_for_tests(&config(dir.path(), head, "0.6,0.3,0.1", ""), 64).unwrap();
     let ramp = "[[schedule]]\nfrom_step = 30\nbatch_size = 6\n";
-    let view = View::mixture(&config(dir.path(), head, "0.6,0.3,0.1", ramp), 64).unwrap();
+    let view = View::mixture_for_tests(&config(dir.path(), head, "0.6,0.3,0.1", ramp), 64).unwrap();
     let (x, y) = (all_steps(&plain), all_steps(&view));
     let mut draws: Vec<Vec<u64>> = vec![Vec::new(); 3];
     for ((g, key, npy_a, _), (_, _, npy_b, json_b)) in x.iter().zip(&y) {
