@@ -26,6 +26,10 @@ use crate::shuffle::plan::StepKey;
 /// The epoch number that stands for the held-out steps (`/val`) in a [`StepKey`].
 pub(super) const VAL_EPOCH: u64 = u64::MAX;
 
+/// The global steps `info.json`'s `drawn_at_epoch_start` covers (a replay of 2^24 steps, about
+/// a second at the counter's speed, at most, at mount).
+pub(super) const INFO_STEPS: u64 = 1 << 24;
+
 /// Steps whose counts are kept.
 const COUNTS_KEPT: usize = 64;
 
@@ -89,6 +93,8 @@ pub struct SourceInfo {
     /// Of them, never served (`quarantine`).
     pub quarantined: u64,
     /// `C_k` at the start of each mixture epoch: rows drawn from the source before it.
+    /// (For the epochs starting within [`INFO_STEPS`] global steps: the counts of later ones
+    /// would cost the mount a replay of every step before them.)
     pub drawn_at_epoch_start: Vec<u64>,
 }
 
@@ -207,6 +213,7 @@ impl Mixed {
                     held_out: mixture.sources()[k].val,
                     quarantined: mixture.order(k).quarantined(),
                     drawn_at_epoch_start: (0..config.view.epochs)
+                        .take_while(|e| e.saturating_mul(spe) <= INFO_STEPS)
                         .map(|e| mixture.counter().state_at(e * spe).drawn[k])
                         .collect(),
                 })

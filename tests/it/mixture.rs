@@ -157,6 +157,26 @@ fn mixture_rows_counts_and_orders_keep_their_contract() {
     let info: Value = serde_json::from_slice(view.info_json()).unwrap();
     let m = &info["mixture"];
     assert_eq!(m["sources"][0]["weight"], "0.5");
+    // A long run: info.json reports the epochs starting in the first 2^24 steps only (a later
+    // one would cost the mount a replay of every step before it).
+    let long = View::mixture_for_tests(
+        &config(
+            dir.path(),
+            "batch_size = 5\nranks = 3\nsteps_per_epoch = 10000000\nepochs = 100",
+            "1,1,1",
+            "",
+        ),
+        64,
+    )
+    .unwrap();
+    let long: Value = serde_json::from_slice(long.info_json()).unwrap();
+    assert_eq!(
+        long["mixture"]["sources"][0]["drawn_at_epoch_start"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
     assert_eq!(
         m["sources"][2]["drawn_at_epoch_start"][1].as_u64(),
         Some(drawn[2] / 2)
