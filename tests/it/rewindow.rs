@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 
 use serde_json::Value;
+use shufflefs::feistel::mix;
 use shufflefs::plan::StepKey;
 use shufflefs::view::ViewConfig;
 
@@ -27,6 +28,11 @@ fn each_epoch_starts_its_windows_at_its_own_phase() {
     // The worst phase leaves room for one window less at most.
     let n = view.plan().n_observations();
     assert!(n + 1 >= plain.plan().n_observations() && n <= plain.plan().n_observations());
+    assert_eq!(
+        n,
+        (50_000 - (stride - 1) - window) / stride + 1,
+        "the documented count"
+    );
     let plan = view.plan();
     let mut phases = HashSet::new();
     for epoch in 0..plan.epochs() {
@@ -49,6 +55,9 @@ fn each_epoch_starts_its_windows_at_its_own_phase() {
                     let p = start - obs * stride;
                     assert!(p < stride);
                     assert_eq!(*phase.get_or_insert(p), p, "one phase per epoch");
+                    // The documented formula (docs/SEMANTICS.md section 3), "rewindow" in ASCII.
+                    let documented = mix(mix(17 ^ 0x7265_7769_6e64_6f77) ^ epoch) % stride;
+                    assert_eq!(p, documented, "epoch {epoch}: the documented phase");
                     for (k, &t) in row.iter().enumerate() {
                         assert_eq!(u64::from(t), start + k as u64, "a window of the stream");
                         assert!(seen.insert(t), "epoch {epoch}: token {t} twice");
