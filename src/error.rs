@@ -68,6 +68,12 @@ pub enum Error {
         /// The served type (`--out-dtype`).
         out: &'static str,
     },
+    /// A position of `S.pos.npy` (a token's offset in a document longer than 2^31 tokens)
+    /// that its int32 type cannot hold: the read fails rather than serve a wrapped number.
+    PositionOutOfRange {
+        /// The position.
+        value: u64,
+    },
     /// An I/O error on a named file.
     Io {
         /// The file involved.
@@ -120,7 +126,7 @@ impl Error {
             Error::InvalidInput(_) => libc::EINVAL,
             Error::Dataset { .. } => libc::EIO,
             Error::ShortRead { .. } => libc::EIO,
-            Error::OutOfRange { .. } => libc::EOVERFLOW,
+            Error::OutOfRange { .. } | Error::PositionOutOfRange { .. } => libc::EOVERFLOW,
             Error::Io { source, .. } => match source.raw_os_error() {
                 // Errors that would mislead a reader of a read-only tree become EIO.
                 Some(code) if code != libc::ENOENT && code != libc::EROFS => code,
@@ -141,7 +147,8 @@ impl Error {
             | Error::ReadOnly
             | Error::PermissionDenied
             | Error::InvalidInput(_)
-            | Error::OutOfRange { .. } => None,
+            | Error::OutOfRange { .. }
+            | Error::PositionOutOfRange { .. } => None,
         }
     }
 
@@ -167,7 +174,8 @@ impl Error {
             Error::Dataset { .. }
             | Error::ShortRead { .. }
             | Error::Io { .. }
-            | Error::OutOfRange { .. } => log::Level::Error,
+            | Error::OutOfRange { .. }
+            | Error::PositionOutOfRange { .. } => log::Level::Error,
         }
     }
 }
@@ -185,6 +193,11 @@ impl fmt::Display for Error {
                 f,
                 "token {value} (record {record} of the dataset) does not fit --out-dtype {out}: \
                  mount with --out-dtype i64, or without --out-dtype"
+            ),
+            Error::PositionOutOfRange { value } => write!(
+                f,
+                "position {value} in a document does not fit S.pos.npy's int32: mount with \
+                 --out-dtype i64 (positions as int64)"
             ),
             Error::Dataset { path, kind } => write!(f, "{}: {kind}", path.display()),
             Error::ShortRead {

@@ -136,7 +136,21 @@ impl ReadJob {
                 Ok(Bytes::Borrowed(&scratch[..n]))
             }
             Node::StepPos(key) | Node::StepDocLens(key) => {
-                Ok(shared(fs.mask_bytes(node, key)?, offset, size))
+                let mask = match node {
+                    Node::StepPos(_) => Mask::Positions,
+                    _ => Mask::DocLens,
+                };
+                let len = v.step_mask_len(mask)?;
+                if len <= JSON_CACHE_MAX_FILE {
+                    return Ok(shared(fs.mask_bytes(node, key, mask)?, offset, size));
+                }
+                // Too large to cache: only the rows the range touches are rendered.
+                if offset >= len {
+                    return Ok(Bytes::Borrowed(&[]));
+                }
+                let buf = room(scratch, u64::from(size).min(len - offset) as usize);
+                let n = v.read_step_mask(key, mask, offset, buf)?;
+                Ok(Bytes::Borrowed(&scratch[..n]))
             }
             Node::ValStepNpy(rank, step) => {
                 let len = v.step_npy_len();
@@ -333,23 +347,19 @@ impl ShuffleFs {
         self.json_cache().contains(&node)
     }
 
-    /// The bytes of a JSON file from the cache, rendering and caching them when small;
-    /// `Err(len)` for files too large to cache (rendered range by range instead).
-    /// The bytes of masking array `node` of step `key`, rendered once and kept in the JSON
-    /// cache (they are small: `batch_size * window` 4- or 8-byte values).
-    fn mask_bytes(&self, node: Node, key: StepKey) -> Result<Arc<[u8]>> {
+    /// The bytes of masking array `node` (`mask`) of step `key`, at most
+    /// [`JSON_CACHE_MAX_FILE`] bytes, rendered once and kept in the JSON cache.
+    fn mask_bytes(&self, node: Node, key: StepKey, mask: Mask) -> Result<Arc<[u8]>> {
         if let Some(bytes) = self.json_cache_get(node) {
             return Ok(bytes);
         }
-        let mask = match node {
-            Node::StepPos(_) => Mask::Positions,
-            _ => Mask::DocLens,
-        };
         let bytes: Arc<[u8]> = self.view.step_mask_npy(key, mask)?.into();
         self.json_cache().put(node, bytes.clone());
         Ok(bytes)
     }
 
+    /// The bytes of a JSON file from the cache, rendering and caching them when small;
+    /// `Err(len)` for files too large to cache (rendered range by range instead).
     pub(super) fn cached_json(&self, node: Node) -> Result<std::result::Result<Arc<[u8]>, u64>> {
         if let Some(bytes) = self.json_cache_get(node) {
             return Ok(Ok(bytes));

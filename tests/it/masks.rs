@@ -74,6 +74,21 @@ fn check(
     }
 }
 
+/// The `(length, first position)` runs of the stream window of `window` tokens at `start`,
+/// from the documents' first tokens `starts` (and the end).
+fn stream_segments(starts: &[u64], start: u64, window: u64) -> Vec<(u64, u64)> {
+    let doc_of = |t: u64| starts.partition_point(|&s| s <= t) - 1;
+    let mut segs: Vec<(u64, u64)> = Vec::new();
+    for t in start..start + window {
+        let d = doc_of(t);
+        match segs.last_mut() {
+            Some(s) if t > start && doc_of(t - 1) == d => s.0 += 1,
+            _ => segs.push((1, t - starts[d])),
+        }
+    }
+    segs
+}
+
 #[test]
 fn masks_follow_the_documents_in_every_mode() {
     if !fuse_available() {
@@ -81,7 +96,6 @@ fn masks_follow_the_documents_in_every_mode() {
     }
     let (text, starts) = corpus();
     let data = Data::jsonl(&text, ScalarType::U16, 4 << 10, None);
-    let doc_of = |t: u64| starts.partition_point(|&s| s <= t) as u64 - 1;
 
     // Stream: windows cross documents and start inside them.
     let cfg = config(50, 37, 3, 2, 5, 2);
@@ -89,16 +103,7 @@ fn masks_follow_the_documents_in_every_mode() {
     let steps = fs.view().plan().steps_per_epoch();
     let mount = TestMount::new(fs);
     check(&mount, &cfg, steps, 4, |json, r| {
-        let start = json["token_starts"][r].as_u64().unwrap();
-        let mut segs: Vec<(u64, u64)> = Vec::new();
-        for t in start..start + 50 {
-            let d = doc_of(t);
-            match segs.last_mut() {
-                Some(s) if doc_of(t - 1) == d && t > start => s.0 += 1,
-                _ => segs.push((1, t - starts[d as usize])),
-            }
-        }
-        segs
+        stream_segments(&starts, json["token_starts"][r].as_u64().unwrap(), 50)
     });
     drop(mount);
 
@@ -156,4 +161,77 @@ fn a_dataset_without_documents_has_no_masks() {
     assert!(read_path(&fs, "/epoch/0/rank/0/step/0.npy").is_ok());
     assert!(read_path(&fs, "/epoch/0/rank/0/step/0.pos.npy").is_err());
     assert!(read_path(&fs, "/epoch/0/rank/0/step/0.doclens.npy").is_err());
+}
+
+/// Documents of 1 to ~3,000 tokens, `n_tokens` in all (u16 token `1 + d % 60000`).
+fn long_corpus(n_tokens: u64) -> (String, Vec<u64>) {
+    let mut text = String::new();
+    let mut starts = Vec::new();
+    let (mut at, mut d) = (0u64, 0u64);
+    while at < n_tokens {
+        let len = (1 + (d * 7919) % 3000).min(n_tokens - at);
+        let token = 1 + d % 60000;
+        text.push_str(&format!(
+            "{{\"tokens\": {:?}}}\n",
+            vec![token; len as usize]
+        ));
+        starts.push(at);
+        at += len;
+        d += 1;
+    }
+    starts.push(at);
+    (text, starts)
+}
+
+#[test]
+fn masks_larger_than_the_json_cache_are_served_range_by_range() {
+    // 64 rows of 4,200 tokens: S.pos.npy in int64 is 2.1 MB, S.doclens.npy 1.1 MB, both past
+    // the 1 MiB a cached file may have, so reads render only the rows they touch.
+    let (b, w) = (64u64, 4200u64);
+    let (text, starts) = long_corpus(2 * b * w + 999);
+    let data = Data::jsonl(&text, ScalarType::U16, 256 << 10, None);
+    let cfg = ViewConfig {
+        out_dtype: Some(ScalarType::I64),
+        ..config(w, w - 3, b, 1, 11, 1)
+    };
+    let fs = data.fs(&cfg);
+    let steps = fs.view().plan().steps_per_epoch();
+    assert!(steps >= 2);
+    for step in 0..steps {
+        let dir = format!("/epoch/0/rank/0/step/{step}");
+        let json: Value = serde_json::from_slice(&read_all(&fs, &format!("{dir}.json"))).unwrap();
+        let mut want_pos = Vec::new();
+        let mut want_lens = Vec::new();
+        for r in 0..b as usize {
+            let start = json["token_starts"][r].as_u64().unwrap();
+            let segs = stream_segments(&starts, start, w);
+            for &(len, first) in &segs {
+                want_pos.extend(first..first + len);
+            }
+            want_lens.extend(segs.iter().map(|s| s.0));
+            want_lens.resize((r + 1) * w as usize, 0);
+        }
+        for (ext, size, want) in [("pos.npy", 8, &want_pos), ("doclens.npy", 4, &want_lens)] {
+            let path = format!("{dir}.{ext}");
+            // One read of the whole file (its size is getattr's), then odd ranges.
+            let whole = read_all(&fs, &path);
+            assert!(whole.len() > 1 << 20, "{path}: {} bytes", whole.len());
+            assert_eq!(&ints(&whole, (b * w) as usize, size), want, "{path}");
+            let ino = walk(&fs, &path).unwrap();
+            let mut at = 0;
+            let mut chunk = 1;
+            while at < whole.len() {
+                let got = read_at(&fs, ino, at as u64, chunk).unwrap();
+                let end = (at + chunk as usize).min(whole.len());
+                assert_eq!(got, &whole[at..end], "{path} at {at} (+{chunk})");
+                at = end;
+                chunk = chunk * 3 + 7;
+            }
+            assert!(
+                read_at(&fs, ino, whole.len() as u64, 10)
+                    .unwrap()
+                    .is_empty()
+            );
+        }
+    }
 }
