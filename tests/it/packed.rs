@@ -137,11 +137,16 @@ fn packed_rows_keep_their_contract() {
     for (key, npy) in rendered.iter().rev() {
         assert_eq!(&fresh.render_step_npy(*key).unwrap(), npy, "{key:?}");
     }
-    let (key, npy) = &rendered[rendered.len() / 2];
-    assert_eq!(
-        &data.view(&packed_config(7)).render_step_npy(*key).unwrap(),
-        npy
-    );
+    // Resume: a fresh view whose first read is a random step (of either epoch).
+    let mut rng = Rng::new(7);
+    for _ in 0..4 {
+        let (key, npy) = &rendered[rng.index(rendered.len())];
+        assert_eq!(
+            &data.view(&packed_config(7)).render_step_npy(*key).unwrap(),
+            npy,
+            "resumed at {key:?}"
+        );
+    }
 
     // Through a real mount: byte ranges and whole files.
     if fuse_available() {
@@ -158,6 +163,13 @@ fn packed_rows_keep_their_contract() {
                 .next()
                 .is_none()
         );
+        drop(mount);
+        // A remount, read in reversed order: the same bytes.
+        let mount = TestMount::new(data.fs(&packed_config(7)));
+        for (key, npy) in rendered.iter().rev().step_by(3) {
+            let path = mount.step(key.epoch, key.rank, key.step, "npy");
+            assert_eq!(&std::fs::read(&path).unwrap(), npy, "remounted: {key:?}");
+        }
     }
 
     // The packing is part of the identity; epochs differ.
