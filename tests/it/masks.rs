@@ -1,8 +1,8 @@
 //! `S.pos.npy` and `S.doclens.npy` (docs/SEMANTICS.md, masking arrays): for every row of every
 //! step, each token's position in its document and the row's document lengths, against a
 //! reference computed from the pack inputs, in stream mode (rows starting mid-document
-//! continue their document's positions), documents mode (padding is one more segment) and
-//! packed mode (a prepended BOS is position 0), through a real mount.
+//! continue their document's positions; also with `--rewindow`), documents mode (padding is
+//! one more segment) and packed mode (a prepended BOS is position 0), through a real mount.
 
 use serde_json::Value;
 use shufflefs::ScalarType;
@@ -97,15 +97,20 @@ fn masks_follow_the_documents_in_every_mode() {
     let (text, starts) = corpus();
     let data = Data::jsonl(&text, ScalarType::U16, 4 << 10, None);
 
-    // Stream: windows cross documents and start inside them.
-    let cfg = config(50, 37, 3, 2, 5, 2);
-    let fs = data.fs(&cfg);
-    let steps = fs.view().plan().steps_per_epoch();
-    let mount = TestMount::new(fs);
-    check(&mount, &cfg, steps, 4, |json, r| {
-        stream_segments(&starts, json["token_starts"][r].as_u64().unwrap(), 50)
-    });
-    drop(mount);
+    // Stream: windows cross documents and start inside them; with --rewindow at each
+    // epoch's phase.
+    for rewindow in [false, true] {
+        let cfg = ViewConfig {
+            rewindow,
+            ..config(50, 37, 3, 2, 5, 2)
+        };
+        let fs = data.fs(&cfg);
+        let steps = fs.view().plan().steps_per_epoch();
+        let mount = TestMount::new(fs);
+        check(&mount, &cfg, steps, 4, |json, r| {
+            stream_segments(&starts, json["token_starts"][r].as_u64().unwrap(), 50)
+        });
+    }
 
     // Documents mode, positions as int64 with --out-dtype i64.
     let cfg = ViewConfig {
