@@ -307,8 +307,9 @@ pub(crate) const HEURISTIC: &[Known] = &[
     },
 ];
 
-/// Megatron-LM's `DType` codes.
-fn megatron_dtype(code: Option<u8>) -> Option<ScalarType> {
+/// Megatron-LM's `DType` codes: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64,
+/// 7 float32, 8 uint16 (the `.idx` parser, `pack/formats/megatron`, reads them here too).
+pub(crate) fn megatron_dtype(code: Option<u8>) -> Option<ScalarType> {
     Some(match code? {
         1 => ScalarType::U8,
         2 => ScalarType::I8,

@@ -70,17 +70,7 @@ pub const HEADER: u64 = 34;
 /// Megatron-LM's `DType` codes: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64,
 /// 7 float32, 8 uint16. Token datasets use 8 (vocabulary < 65,500) or 4.
 pub fn dtype_of_code(code: u8) -> Option<ScalarType> {
-    Some(match code {
-        1 => ScalarType::U8,
-        2 => ScalarType::I8,
-        3 => ScalarType::I16,
-        4 => ScalarType::I32,
-        5 => ScalarType::I64,
-        6 => ScalarType::F64,
-        7 => ScalarType::F32,
-        8 => ScalarType::U16,
-        _ => return None,
-    })
+    crate::format::sniff::megatron_dtype(Some(code))
 }
 
 /// What a "document" of a Megatron dataset is (see the module docs).
