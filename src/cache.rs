@@ -71,22 +71,32 @@ pub struct Stats {
 /// Evicted buffers kept for reuse.
 const MAX_SPARE: usize = 8;
 
-/// The step cache.
-pub struct StepCache {
-    map: Mutex<LruCache<StepKey, Entry>>,
+/// What the plans of a mount share: the entries, the budget, the spare buffers and the
+/// counters.
+struct Store {
+    map: Mutex<LruCache<(u32, StepKey), Entry>>,
     capacity: usize,
-    /// The size of every step file.
-    file_len: usize,
     /// Evicted files no reply still holds, reused by [`StepCache::buffer`]: the prefetcher
     /// then neither allocates, zero-fills nor page-faults in its steady state.
     spare: Mutex<Vec<Arc<[u8]>>>,
     counters: Counters,
 }
 
+/// The step cache, as one plan of the mount sees it: its step files, in a store that the
+/// mount's other plans (`[[plan]]`) share ([`StepCache::for_plan`]).
+pub struct StepCache {
+    store: Arc<Store>,
+    /// The plan whose step files these are.
+    plan: u32,
+    /// The size of every step file of the plan.
+    file_len: usize,
+}
+
 impl std::fmt::Debug for StepCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StepCache")
-            .field("capacity", &self.capacity)
+            .field("capacity", &self.store.capacity)
+            .field("plan", &self.plan)
             .finish()
     }
 }
@@ -95,35 +105,56 @@ impl StepCache {
     /// A cache of at most `capacity` step files (at least 1) of `file_len` bytes each.
     pub(crate) fn new(capacity: usize, file_len: usize) -> StepCache {
         let capacity = capacity.max(1);
-        StepCache {
+        let store = Store {
             map: Mutex::new(LruCache::new(
                 NonZeroUsize::new(capacity).expect("at least 1"),
             )),
             capacity,
-            file_len,
             spare: Mutex::new(Vec::new()),
             counters: Counters::default(),
+        };
+        StepCache {
+            store: Arc::new(store),
+            plan: 0,
+            file_len,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<StepKey, Entry>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    /// The same store seen by plan `plan`, whose step files have `file_len` bytes (a
+    /// multi-plan mount: one budget and one set of counters for every plan). The store's
+    /// capacity is in entries: size it for the largest step file.
+    pub(crate) fn for_plan(&self, plan: u32, file_len: usize) -> StepCache {
+        StepCache {
+            store: self.store.clone(),
+            plan,
+            file_len,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<(u32, StepKey), Entry>> {
+        self.store.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.store.counters
     }
 
     /// The step file for `key`, counting a hit or a miss.
     #[cfg(test)]
     pub(crate) fn get(&self, key: StepKey) -> Option<Arc<[u8]>> {
         let mut map = self.lock();
-        match map.get_mut(&key) {
+        match map.get_mut(&(self.plan, key)) {
             Some(entry) => {
                 if std::mem::take(&mut entry.unread_prefetch) {
-                    self.counters.prefetch_used.fetch_add(1, Ordering::Relaxed);
+                    self.counters()
+                        .prefetch_used
+                        .fetch_add(1, Ordering::Relaxed);
                 }
-                self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                self.counters().hits.fetch_add(1, Ordering::Relaxed);
                 Some(entry.bytes.clone())
             }
             None => {
-                self.counters.misses.fetch_add(1, Ordering::Relaxed);
+                self.counters().misses.fetch_add(1, Ordering::Relaxed);
                 None
             }
         }
@@ -133,39 +164,47 @@ impl StepCache {
     /// will ask again with [`StepCache::get`]).
     pub(crate) fn get_if_cached(&self, key: StepKey) -> Option<Arc<[u8]>> {
         let mut map = self.lock();
-        let entry = map.get_mut(&key)?;
+        let entry = map.get_mut(&(self.plan, key))?;
         if std::mem::take(&mut entry.unread_prefetch) {
-            self.counters.prefetch_used.fetch_add(1, Ordering::Relaxed);
+            self.counters()
+                .prefetch_used
+                .fetch_add(1, Ordering::Relaxed);
         }
-        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        self.counters().hits.fetch_add(1, Ordering::Relaxed);
         Some(entry.bytes.clone())
     }
 
     /// The step file for `key` if cached, without counting or refreshing it.
     pub(crate) fn peek(&self, key: StepKey) -> Option<Arc<[u8]>> {
-        self.lock().peek(&key).map(|e| e.bytes.clone())
+        self.lock().peek(&(self.plan, key)).map(|e| e.bytes.clone())
     }
 
     /// Whether `key` is cached (no counting, no LRU update).
     pub(crate) fn contains(&self, key: StepKey) -> bool {
-        self.lock().contains(&key)
+        self.lock().contains(&(self.plan, key))
     }
 
     /// A buffer of one step file's size that nothing else references (its content is
     /// unspecified): a recycled evicted file when there is one.
     pub(crate) fn buffer(&self) -> Arc<[u8]> {
-        let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let spare = {
+            let mut spare = self.store.spare.lock().unwrap_or_else(|p| p.into_inner());
+            // Several plans may have step files of several sizes.
+            let found = spare.iter().rposition(|b| b.len() == self.file_len);
+            found.map(|i| spare.swap_remove(i))
+        };
         spare.unwrap_or_else(|| std::iter::repeat_n(0u8, self.file_len).collect())
     }
 
     /// Inserts a finished step file, evicting the least recently used entry when full.
     pub(crate) fn insert(&self, key: StepKey, bytes: Arc<[u8]>, prefetched: bool) {
+        let key = (self.plan, key);
         let mut map = self.lock();
         if map.contains(&key) {
             return;
         }
         if prefetched {
-            self.counters.prefetched.fetch_add(1, Ordering::Relaxed);
+            self.counters().prefetched.fetch_add(1, Ordering::Relaxed);
         }
         let entry = Entry {
             bytes,
@@ -174,51 +213,53 @@ impl StepCache {
         if let Some((old_key, mut old)) = map.push(key, entry)
             && old_key != key
         {
-            self.counters.evicted.fetch_add(1, Ordering::Relaxed);
+            self.counters().evicted.fetch_add(1, Ordering::Relaxed);
             if old.unread_prefetch {
-                self.counters
+                self.counters()
                     .prefetch_wasted
                     .fetch_add(1, Ordering::Relaxed);
             }
             drop(map);
-            if Arc::get_mut(&mut old.bytes).is_some_and(|b| b.len() == self.file_len) {
-                let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
-                if spare.len() < MAX_SPARE {
-                    spare.push(old.bytes);
+            if Arc::get_mut(&mut old.bytes).is_some() {
+                let mut spare = self.store.spare.lock().unwrap_or_else(|p| p.into_inner());
+                if spare.len() == MAX_SPARE {
+                    // The oldest goes (a plan's steady state recycles its own size).
+                    spare.remove(0);
                 }
+                spare.push(old.bytes);
             }
         }
     }
 
     /// A read that found nothing assembled assembles its range itself.
     pub(crate) fn count_miss(&self) {
-        self.counters.misses.fetch_add(1, Ordering::Relaxed);
+        self.counters().misses.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A prefetch failed (the reader retries on its own).
     pub(crate) fn count_prefetch_failed(&self) {
-        self.counters
+        self.counters()
             .prefetch_failed
             .fetch_add(1, Ordering::Relaxed);
     }
 
     /// A read waits for the prefetcher to finish its step.
     pub(crate) fn count_prefetch_waited(&self) {
-        self.counters
+        self.counters()
             .prefetch_waited
             .fetch_add(1, Ordering::Relaxed);
     }
 
     /// A read took over a step still queued for prefetch.
     pub(crate) fn count_prefetch_claimed(&self) {
-        self.counters
+        self.counters()
             .prefetch_claimed
             .fetch_add(1, Ordering::Relaxed);
     }
 
     /// The governor paused prefetch for a period.
     pub(crate) fn count_prefetch_paused(&self) {
-        self.counters
+        self.counters()
             .prefetch_paused
             .fetch_add(1, Ordering::Relaxed);
     }
@@ -226,12 +267,17 @@ impl StepCache {
     /// The keys in the cache, most recently used first (tests).
     #[cfg(test)]
     pub(crate) fn keys(&self) -> Vec<StepKey> {
-        self.lock().iter().map(|(k, _)| *k).collect()
+        let plan = self.plan;
+        self.lock()
+            .iter()
+            .filter(|((p, _), _)| *p == plan)
+            .map(|((_, k), _)| *k)
+            .collect()
     }
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
-        let c = &self.counters;
+        let c = self.counters();
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Stats {
             hits: get(&c.hits),
@@ -245,7 +291,7 @@ impl StepCache {
             prefetch_paused: get(&c.prefetch_paused),
             evicted: get(&c.evicted),
             entries: self.lock().len() as u64,
-            capacity: self.capacity as u64,
+            capacity: self.store.capacity as u64,
         }
     }
 }
@@ -304,5 +350,27 @@ mod tests {
         cache.insert(k(2), bytes(9), true);
         assert_eq!(&*cache.get(k(2)).unwrap(), &[2; 4]);
         assert_eq!(cache.stats().prefetched, 2);
+    }
+
+    #[test]
+    fn plans_share_the_store_but_not_their_steps_or_buffer_sizes() {
+        let a = StepCache::new(3, 4);
+        let b = a.for_plan(1, 6);
+        a.insert(k(0), bytes(1), true);
+        assert!(b.get(k(0)).is_none(), "plan 1's step 0 is not plan 0's");
+        b.insert(k(0), vec![7; 6].into(), true);
+        assert_eq!(&*a.get(k(0)).unwrap(), &[1; 4]);
+        assert_eq!(&*b.get(k(0)).unwrap(), &[7; 6]);
+        assert_eq!((a.keys(), b.keys()), (vec![k(0)], vec![k(0)]));
+        // One budget: plan 1's inserts evict plan 0's least recently used entry.
+        b.insert(k(1), vec![8; 6].into(), false);
+        b.insert(k(2), vec![9; 6].into(), false);
+        assert!(a.keys().is_empty());
+        let s = b.stats();
+        assert_eq!((s.entries, s.capacity, s.evicted), (3, 3, 1));
+        assert_eq!(a.stats(), s, "one set of counters");
+        // The evicted 4-byte file is recycled for plan 0 only; plan 1 gets its own size.
+        assert_eq!(b.buffer().len(), 6);
+        assert_eq!(a.buffer().len(), 4);
     }
 }

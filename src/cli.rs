@@ -251,6 +251,10 @@ pub struct PlanOptions {
     /// and the plan flags.
     #[arg(long, value_name = "RUN.toml", help_heading = PLAN_HEADING)]
     pub config: Option<PathBuf>,
+    /// With --config whose file has [[plan]] tables: serve (or print) only this plan, at the
+    /// root [default: mount every plan under plan/NAME/].
+    #[arg(long, value_name = "NAME", requires = "config", help_heading = PLAN_HEADING)]
+    pub plan: Option<String>,
     /// Tokens per observation (row). For next-token training use T+1 with --stride T.
     #[arg(long, value_parser = ranged(1, MAX_WINDOW), required_unless_present = "config", help_heading = PLAN_HEADING)]
     pub window: Option<u64>,

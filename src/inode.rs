@@ -171,6 +171,11 @@ impl Inodes {
         self.starts[k] + index
     }
 
+    /// How many inodes the tree has (numbered from [`ROOT_INO`]).
+    pub(crate) fn len(&self) -> u64 {
+        self.starts[KINDS] - ROOT_INO
+    }
+
     /// The node of inode `ino`, if it exists.
     pub(crate) fn node(&self, ino: u64) -> Option<Node> {
         if ino < self.starts[0] || ino >= self.starts[KINDS] {

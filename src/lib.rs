@@ -78,7 +78,7 @@ pub use dataset::Dataset;
 pub use format::dtype::ScalarType;
 pub use format::npy::header;
 pub use format::{Manifest, VERSION, in_place_hash};
-pub use fs::{DirEntry, DirSink, Kind, Node, ROOT_INO, ShuffleFs};
+pub use fs::{DirEntry, DirSink, Kind, Loc, Node, ROOT_INO, ShuffleFs, Top};
 pub use logging::{BURST, init};
 pub use mount::{MountOptions, Mounted, detach, mount};
 /// The format parsers, as tests/it/parsers.rs names them.

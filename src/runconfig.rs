@@ -46,6 +46,8 @@ const MAX_CONFIG_BYTES: u64 = 1 << 20;
 pub struct RunConfig {
     /// The file it was read from (messages).
     pub path: PathBuf,
+    /// The `[[plan]]` this is (`None`: the file has no `[[plan]]` tables).
+    pub name: Option<String>,
     /// The plan options shared by every source (window, stride, batch, ranks, seed, epochs,
     /// mode, ...).
     pub view: ViewConfig,
@@ -123,16 +125,13 @@ pub struct ScheduleEntry {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Raw {
-    window: u64,
+    window: Option<u64>,
     stride: Option<u64>,
-    batch_size: u64,
-    #[serde(default = "one")]
-    ranks: u64,
-    #[serde(default)]
-    seed: u64,
-    steps_per_epoch: u64,
-    #[serde(default = "one")]
-    epochs: u64,
+    batch_size: Option<u64>,
+    ranks: Option<u64>,
+    seed: Option<u64>,
+    steps_per_epoch: Option<u64>,
+    epochs: Option<u64>,
     mode: Option<String>,
     pad_id: Option<i64>,
     #[serde(rename = "source")]
@@ -141,6 +140,61 @@ struct Raw {
     schedule: Vec<RawEntry>,
     split: Option<RawSplit>,
     quarantine: Option<PathBuf>,
+    #[serde(default, rename = "plan")]
+    plans: Vec<RawPlan>,
+}
+
+/// One `[[plan]]`: a name, and the plan keys that differ from the top level's.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlan {
+    name: String,
+    window: Option<u64>,
+    stride: Option<u64>,
+    batch_size: Option<u64>,
+    ranks: Option<u64>,
+    seed: Option<u64>,
+    steps_per_epoch: Option<u64>,
+    epochs: Option<u64>,
+    mode: Option<String>,
+    pad_id: Option<i64>,
+    /// Every source's weight (replaces the `[[source]]` weights).
+    weights: Option<BTreeMap<String, toml::Value>>,
+    /// Replaces the top level's `[[schedule]]`.
+    schedule: Option<Vec<RawEntry>>,
+}
+
+/// The keys a `[[plan]]` may set, as given (`None`: not given).
+#[derive(Clone, Default)]
+struct Keys {
+    window: Option<u64>,
+    stride: Option<u64>,
+    batch_size: Option<u64>,
+    ranks: Option<u64>,
+    seed: Option<u64>,
+    steps_per_epoch: Option<u64>,
+    epochs: Option<u64>,
+    mode: Option<String>,
+    pad_id: Option<i64>,
+}
+
+impl Keys {
+    /// `self`'s keys, each replaced by `over`'s where given.
+    fn under(&self, over: &Keys) -> Keys {
+        let o = over.clone();
+        let s = self.clone();
+        Keys {
+            window: o.window.or(s.window),
+            stride: o.stride.or(s.stride),
+            batch_size: o.batch_size.or(s.batch_size),
+            ranks: o.ranks.or(s.ranks),
+            seed: o.seed.or(s.seed),
+            steps_per_epoch: o.steps_per_epoch.or(s.steps_per_epoch),
+            epochs: o.epochs.or(s.epochs),
+            mode: o.mode.or(s.mode),
+            pad_id: o.pad_id.or(s.pad_id),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -149,10 +203,6 @@ struct RawSplit {
     val: toml::Value,
     #[serde(default)]
     seed: u64,
-}
-
-fn one() -> u64 {
-    1
 }
 
 #[derive(Deserialize)]
@@ -172,8 +222,25 @@ struct RawEntry {
 }
 
 impl RunConfig {
-    /// Reads and checks `path`.
+    /// Reads and checks `path`, a configuration of one plan (no `[[plan]]` tables).
     pub fn read(path: &Path) -> Result<RunConfig> {
+        let mut plans = RunConfig::read_plans(path)?;
+        match plans.len() {
+            1 if plans[0].name.is_none() => Ok(plans.remove(0)),
+            _ => Err(Error::invalid(format!(
+                "{}: has [[plan]] tables: choose one ({})",
+                path.display(),
+                plans
+                    .iter()
+                    .filter_map(|p| p.name.as_deref())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
+    }
+
+    /// Reads and checks `path`: its one plan, or each of its `[[plan]]` tables (named).
+    pub fn read_plans(path: &Path) -> Result<Vec<RunConfig>> {
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
         if !meta.is_file() || meta.len() > MAX_CONFIG_BYTES {
             return Err(Error::invalid(format!(
@@ -182,21 +249,31 @@ impl RunConfig {
             )));
         }
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        RunConfig::parse(&text, path)
+        RunConfig::parse_plans(&text, path)
     }
 
-    /// Parses `text`, read from `path` (messages; relative source paths are resolved against
-    /// its directory).
+    /// Parses `text` (one plan, no `[[plan]]` tables), read from `path` (messages; relative
+    /// source paths are resolved against its directory).
     pub fn parse(text: &str, path: &Path) -> Result<RunConfig> {
+        let mut plans = RunConfig::parse_plans(text, path)?;
+        if plans.len() != 1 || plans[0].name.is_some() {
+            return Err(Error::invalid(format!(
+                "{}: has [[plan]] tables: choose one",
+                path.display()
+            )));
+        }
+        Ok(plans.remove(0))
+    }
+
+    /// Parses `text`, read from `path`: its one plan (unnamed), or each of its `[[plan]]`
+    /// tables, in the order given, each with the top level's keys where it gives none.
+    pub fn parse_plans(text: &str, path: &Path) -> Result<Vec<RunConfig>> {
         let at = |what: String| Error::invalid(format!("{}: {what}", path.display()));
         let raw: Raw = toml::from_str(text).map_err(|e| at(e.to_string().trim().to_string()))?;
         if raw.sources.is_empty() {
             return Err(at(
                 "no [[source]]: a mixture needs at least one source".into()
             ));
-        }
-        if raw.steps_per_epoch == 0 {
-            return Err(at("steps_per_epoch must be at least 1".into()));
         }
         let base = path.parent().unwrap_or(Path::new("."));
         let mut sources: Vec<SourceConfig> = Vec::with_capacity(raw.sources.len());
@@ -214,55 +291,6 @@ impl RunConfig {
                 name: s.name,
                 weight,
                 weight_text,
-            });
-        }
-        let mut schedule: Vec<ScheduleEntry> = Vec::new();
-        for (i, e) in raw.schedule.into_iter().enumerate() {
-            if schedule.last().is_some_and(|p| p.from_step >= e.from_step) || e.from_step == 0 {
-                return Err(at(format!(
-                    "schedule[{i}]: from_step {} must be above 0 and above the entry before it",
-                    e.from_step
-                )));
-            }
-            if e.weights.is_none() && e.batch_size.is_none() {
-                return Err(at(format!(
-                    "schedule[{i}]: give weights, batch_size or both from step {}",
-                    e.from_step
-                )));
-            }
-            if e.batch_size == Some(0) {
-                return Err(at(format!("schedule[{i}]: batch_size must be at least 1")));
-            }
-            let mut weights = None;
-            let mut weight_texts = Vec::new();
-            if let Some(given) = &e.weights {
-                if let Some(name) = given
-                    .keys()
-                    .find(|n| !sources.iter().any(|s| &s.name == *n))
-                {
-                    return Err(at(format!("schedule[{i}]: no source named {name:?}")));
-                }
-                let mut ws = Vec::with_capacity(sources.len());
-                for s in &sources {
-                    let Some(v) = given.get(&s.name) else {
-                        return Err(at(format!(
-                            "schedule[{i}]: no weight for source {:?} (give every source's \
-                             weight; 0 to leave one out)",
-                            s.name
-                        )));
-                    };
-                    let (w, t) = weight(v)
-                        .map_err(|err| at(format!("schedule[{i}] {:?}: {err}", s.name)))?;
-                    ws.push(w);
-                    weight_texts.push(t);
-                }
-                weights = Some(ws);
-            }
-            schedule.push(ScheduleEntry {
-                from_step: e.from_step,
-                weights,
-                weight_texts,
-                batch_size: e.batch_size,
             });
         }
         let split = match raw.split {
@@ -285,41 +313,158 @@ impl RunConfig {
                 Some(SplitConfig { val, seed: sp.seed })
             }
         };
-        let mut quarantine = vec![Vec::new(); sources.len()];
-        if let Some(file) = &raw.quarantine {
-            let file = base.join(file);
-            let text = std::fs::read_to_string(&file).map_err(|e| Error::io(&file, e))?;
-            for (n, line) in text.lines().enumerate() {
-                let line = line.split('#').next().unwrap_or("").trim();
-                if line.is_empty() {
-                    continue;
-                }
-                let bad = || {
-                    Error::invalid(format!(
-                        "{}:{}: {line:?}: each line is SOURCE OBSERVATION (a source name and an \
-                         observation id within it)",
-                        file.display(),
-                        n + 1
-                    ))
-                };
-                let mut parts = line.split_whitespace();
-                let (Some(name), Some(obs), None) = (parts.next(), parts.next(), parts.next())
-                else {
-                    return Err(bad());
-                };
-                let obs: u64 = obs.parse().map_err(|_| bad())?;
-                let Some(k) = sources.iter().position(|s| s.name == name) else {
-                    return Err(Error::invalid(format!(
-                        "{}:{}: no source named {name:?} in {}",
-                        file.display(),
-                        n + 1,
-                        path.display()
-                    )));
-                };
-                quarantine[k].push(obs);
-            }
+        let quarantine = match &raw.quarantine {
+            Some(file) => read_quarantine(&base.join(file), &sources, path)?,
+            None => vec![Vec::new(); sources.len()],
+        };
+        let top = Keys {
+            window: raw.window,
+            stride: raw.stride,
+            batch_size: raw.batch_size,
+            ranks: raw.ranks,
+            seed: raw.seed,
+            steps_per_epoch: raw.steps_per_epoch,
+            epochs: raw.epochs,
+            mode: raw.mode,
+            pad_id: raw.pad_id,
+        };
+        let shared = RunConfig {
+            path: path.to_path_buf(),
+            name: None,
+            view: ViewConfig::stream(1, 1, 1, 1, 0, 1),
+            steps_per_epoch: 1,
+            sources,
+            schedule: Vec::new(),
+            split,
+            quarantine,
+        };
+        if raw.plans.is_empty() {
+            return Ok(vec![shared.plan(None, &top, &raw.schedule)?]);
         }
-        let mode = match raw.mode.as_deref() {
+        let mut plans: Vec<RunConfig> = Vec::with_capacity(raw.plans.len());
+        for (i, p) in raw.plans.into_iter().enumerate() {
+            check_plan_name(&p.name).map_err(|e| at(format!("plan[{i}]: {e}")))?;
+            if plans.iter().any(|o| o.name.as_deref() == Some(&p.name)) {
+                return Err(at(format!(
+                    "plan[{i}]: the name {:?} is used twice",
+                    p.name
+                )));
+            }
+            let mut this = shared.clone();
+            if let Some(given) = &p.weights {
+                let (ws, texts) = this
+                    .weights_of(given)
+                    .map_err(|e| at(format!("plan {:?}: weights: {e}", p.name)))?;
+                for ((s, w), t) in this.sources.iter_mut().zip(ws).zip(texts) {
+                    s.weight = w;
+                    s.weight_text = t;
+                }
+            }
+            let keys = top.under(&Keys {
+                window: p.window,
+                stride: p.stride,
+                batch_size: p.batch_size,
+                ranks: p.ranks,
+                seed: p.seed,
+                steps_per_epoch: p.steps_per_epoch,
+                epochs: p.epochs,
+                mode: p.mode,
+                pad_id: p.pad_id,
+            });
+            let schedule = p.schedule.as_deref().unwrap_or(&raw.schedule);
+            let plan = this
+                .plan(Some(p.name.clone()), &keys, schedule)
+                .map_err(|e| {
+                    Error::invalid(e.to_string().replacen(
+                        &format!("{}: ", path.display()),
+                        &format!("{}: plan {:?}: ", path.display(), p.name),
+                        1,
+                    ))
+                })?;
+            plans.push(plan);
+        }
+        Ok(plans)
+    }
+
+    /// The sources' weights from a `weights = { NAME = W, ... }` table (every source named),
+    /// and the weights as written.
+    fn weights_of(
+        &self,
+        given: &BTreeMap<String, toml::Value>,
+    ) -> std::result::Result<(Vec<Weight>, Vec<String>), String> {
+        if let Some(name) = given
+            .keys()
+            .find(|n| !self.sources.iter().any(|s| &s.name == *n))
+        {
+            return Err(format!("no source named {name:?}"));
+        }
+        let mut ws = Vec::with_capacity(self.sources.len());
+        let mut texts = Vec::with_capacity(self.sources.len());
+        for s in &self.sources {
+            let Some(v) = given.get(&s.name) else {
+                return Err(format!(
+                    "no weight for source {:?} (give every source's weight; 0 to leave one out)",
+                    s.name
+                ));
+            };
+            let (w, t) = weight(v).map_err(|err| format!("{:?}: {err}", s.name))?;
+            ws.push(w);
+            texts.push(t);
+        }
+        Ok((ws, texts))
+    }
+
+    /// This configuration's sources, split and quarantine with the plan `keys` and `schedule`
+    /// describe, named `name`.
+    fn plan(&self, name: Option<String>, keys: &Keys, schedule: &[RawEntry]) -> Result<RunConfig> {
+        let at = |what: String| Error::invalid(format!("{}: {what}", self.path.display()));
+        let need = |key: &str, v: Option<u64>| {
+            v.ok_or_else(|| {
+                at(format!(
+                    "missing {key} (give it at the top level or in each [[plan]])"
+                ))
+            })
+        };
+        let window = need("window", keys.window)?;
+        let batch_size = need("batch_size", keys.batch_size)?;
+        let steps_per_epoch = need("steps_per_epoch", keys.steps_per_epoch)?;
+        if steps_per_epoch == 0 {
+            return Err(at("steps_per_epoch must be at least 1".into()));
+        }
+        let mut entries: Vec<ScheduleEntry> = Vec::new();
+        for (i, e) in schedule.iter().enumerate() {
+            if entries.last().is_some_and(|p| p.from_step >= e.from_step) || e.from_step == 0 {
+                return Err(at(format!(
+                    "schedule[{i}]: from_step {} must be above 0 and above the entry before it",
+                    e.from_step
+                )));
+            }
+            if e.weights.is_none() && e.batch_size.is_none() {
+                return Err(at(format!(
+                    "schedule[{i}]: give weights, batch_size or both from step {}",
+                    e.from_step
+                )));
+            }
+            if e.batch_size == Some(0) {
+                return Err(at(format!("schedule[{i}]: batch_size must be at least 1")));
+            }
+            let (weights, weight_texts) = match &e.weights {
+                Some(given) => {
+                    let (ws, texts) = self
+                        .weights_of(given)
+                        .map_err(|err| at(format!("schedule[{i}]: {err}")))?;
+                    (Some(ws), texts)
+                }
+                None => (None, Vec::new()),
+            };
+            entries.push(ScheduleEntry {
+                from_step: e.from_step,
+                weights,
+                weight_texts,
+                batch_size: e.batch_size,
+            });
+        }
+        let mode = match keys.mode.as_deref() {
             None | Some("stream") => Mode::Stream,
             Some("documents") => Mode::Documents,
             Some(other) => {
@@ -330,27 +475,78 @@ impl RunConfig {
         };
         let view = ViewConfig {
             mode,
-            pad_id: raw.pad_id.map(i128::from),
-            stride: raw.stride,
+            pad_id: keys.pad_id.map(i128::from),
+            stride: keys.stride,
             ..ViewConfig::stream(
-                raw.window,
-                raw.stride.unwrap_or(raw.window),
-                raw.batch_size,
-                raw.ranks,
-                raw.seed,
-                raw.epochs,
+                window,
+                keys.stride.unwrap_or(window),
+                batch_size,
+                keys.ranks.unwrap_or(1),
+                keys.seed.unwrap_or(0),
+                keys.epochs.unwrap_or(1),
             )
         };
         Ok(RunConfig {
-            path: path.to_path_buf(),
+            name,
             view,
-            steps_per_epoch: raw.steps_per_epoch,
-            sources,
-            schedule,
-            split,
-            quarantine,
+            steps_per_epoch,
+            schedule: entries,
+            ..self.clone()
         })
     }
+}
+
+/// Checks a `[[plan]]` name: it is a directory name under `plan/`.
+fn check_plan_name(name: &str) -> std::result::Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\0']);
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "name {name:?}: a plan's name is its directory under plan/ (1 to 255 bytes, no '/', \
+             not . or ..)"
+        ))
+    }
+}
+
+/// The quarantine file `file` (lines `SOURCE OBSERVATION`, `#` comments) of the configuration
+/// at `path`: per source, the observations never served.
+fn read_quarantine(file: &Path, sources: &[SourceConfig], path: &Path) -> Result<Vec<Vec<u64>>> {
+    let mut quarantine = vec![Vec::new(); sources.len()];
+    let text = std::fs::read_to_string(file).map_err(|e| Error::io(file, e))?;
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let bad = || {
+            Error::invalid(format!(
+                "{}:{}: {line:?}: each line is SOURCE OBSERVATION (a source name and an \
+                 observation id within it)",
+                file.display(),
+                n + 1
+            ))
+        };
+        let mut parts = line.split_whitespace();
+        let (Some(name), Some(obs), None) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(bad());
+        };
+        let obs: u64 = obs.parse().map_err(|_| bad())?;
+        let Some(k) = sources.iter().position(|s| s.name == name) else {
+            return Err(Error::invalid(format!(
+                "{}:{}: no source named {name:?} in {}",
+                file.display(),
+                n + 1,
+                path.display()
+            )));
+        };
+        quarantine[k].push(obs);
+    }
+    Ok(quarantine)
 }
 
 /// A weight as written: a number (read as the decimal it was written as) or a decimal string.

@@ -31,14 +31,17 @@ struct Stats {
 /// The bytes of `stats.json` (see the module docs; `padded` with `--prefill`).
 pub(crate) fn render(
     cache: Option<&StepCache>,
-    prefetcher: Option<&Prefetcher>,
+    prefetchers: &[impl std::ops::Deref<Target = Prefetcher>],
     padded: bool,
 ) -> Vec<u8> {
     let stats = Stats {
         cache: cache.map(StepCache::stats).unwrap_or_default(),
         cache_enabled: cache.is_some(),
-        prefetch_active: prefetcher.is_some_and(Prefetcher::is_active),
-        prefill: prefetcher.and_then(|p| p.prefill()).map(|p| p.stats()),
+        prefetch_active: prefetchers.iter().any(|p| p.is_active()),
+        prefill: prefetchers
+            .iter()
+            .find_map(|p| p.prefill())
+            .map(|p| p.stats()),
     };
     let mut out = serde_json::to_vec_pretty(&stats).expect("stats serialize");
     if padded {
@@ -88,7 +91,7 @@ mod tests {
             serde_json::to_vec_pretty(&stats).unwrap(),
             serde_json::to_vec_pretty(&value).unwrap()
         );
-        let padded = render(Some(&cache), None, true);
+        let padded = render(Some(&cache), &[] as &[&Prefetcher], true);
         assert_eq!(padded.len() % PADDED_LEN, 0);
         let end = padded.iter().rposition(|&b| b == b'}').unwrap();
         assert!(

@@ -15,6 +15,15 @@
 //! /val/rank/R/step/S.npy, S.json       file   a mixture's held-out rows ([split]), in order
 //! ```
 //!
+//! A mount of several plans (a run configuration's `[[plan]]` tables) has a top level of its
+//! own ([`Top`]), and each plan's whole tree above under `plan/NAME/`:
+//!
+//! ```text
+//! /info.json                           file   the plans, their directories and fingerprints
+//! /stats.json                          file   the shared step cache's counters (changes)
+//! /plan/NAME/                          dir    plan NAME's root: info.json, epoch/, val/ ...
+//! ```
+//!
 //! Names have exactly one spelling: canonical decimals (`7`, never `07` or `+7`) below their
 //! bound, and exact suffixes. Everything else is `ENOENT` ([`Shape::child`]). A directory is
 //! listed in the order above ([`Shape::entry`]); the numbered directories can be long, and a
@@ -84,6 +93,48 @@ pub enum Node {
     ValStepNpy(u64, u64),
     /// `/val/rank/R/step/S.json`
     ValStepJson(u64, u64),
+}
+
+/// A node of the top level of a mount of several plans.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Top {
+    /// `/`
+    Root,
+    /// `/info.json`: the plans
+    Info,
+    /// `/stats.json`: the shared cache's counters (changes while mounted)
+    Stats,
+    /// `/plan`: one directory per plan, its root
+    Plans,
+}
+
+/// The names of a multi-plan mount's root, in listing order.
+pub(crate) const TOP_NAMES: [(Top, &str); 3] = [
+    (Top::Info, "info.json"),
+    (Top::Stats, "stats.json"),
+    (Top::Plans, "plan"),
+];
+
+impl Top {
+    /// Every top node, in inode order (from [`crate::inode::ROOT_INO`]).
+    pub(crate) const ALL: [Top; 4] = [Top::Root, Top::Info, Top::Stats, Top::Plans];
+
+    /// File or directory.
+    pub(crate) fn kind(self) -> Kind {
+        match self {
+            Top::Info | Top::Stats => Kind::File,
+            Top::Root | Top::Plans => Kind::Directory,
+        }
+    }
+
+    /// The node named `name` in the top root.
+    pub(crate) fn child_of_root(name: &[u8]) -> Result<Top> {
+        TOP_NAMES
+            .iter()
+            .find(|(_, n)| n.as_bytes() == name)
+            .map(|(t, _)| *t)
+            .ok_or(Error::NotFound)
+    }
 }
 
 /// File or directory.

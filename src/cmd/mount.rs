@@ -73,12 +73,9 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
         open_descriptors(),
         reserved_descriptors(threads, args.prefetch_workers),
     )?;
-    let view = open_view(&dataset_dir, &plan, &args, max_open)?;
+    let fs = open_fs(&dataset_dir, &plan, &args, max_open)?;
     let cache_size = args.cache_size;
     check_cache_size(cache_size, memory_limit())?;
-    if let Some(expected) = &args.expect_fingerprint {
-        view.check_fingerprint(expected, args.resume_step.unwrap_or(0))?;
-    }
     // 0 disables the deadline.
     let read_timeout = (!args.read_timeout.is_zero()).then_some(args.read_timeout);
     let owner = Ownership {
@@ -88,7 +85,7 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
         dir_mode: args.dir_mode,
     };
     check_prefetch_flags(&args)?;
-    let mut fs = ShuffleFs::new(view)?;
+    let mut fs = fs;
     if args.stub_reads {
         log::warn!("--stub-reads: every step file serves the same bytes (benchmarking only)");
         fs = fs.with_stub_reads()?;
@@ -121,50 +118,141 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
     daemonize(fs, cache, &mountpoint, &options, &dataset, (null, log_file))
 }
 
-/// The view of the run configuration `path` (`--config`): the plan flags come from the file,
-/// so giving them too is refused.
-pub(crate) fn open_mixture(
+/// A plan's name (`None`: the only plan) and its view.
+pub(crate) type Named = (Option<String>, View);
+
+/// The plans of the run configuration `path` (`--config`), each with its name (`None`: the
+/// file has no `[[plan]]` tables; with `--plan NAME` only that plan, unnamed), their views
+/// sharing their datasets, and how many datasets they open. The plan flags come from the
+/// file, so giving them too is refused.
+pub(crate) fn open_plans(
     path: &Path,
     plan: &crate::cli::PlanOptions,
     args: &crate::cli::MountFlags,
     max_open: usize,
-) -> Result<View> {
+) -> Result<(Vec<Named>, usize)> {
     if plan.window.is_some() || plan.batch_size.is_some() || plan.stride.is_some() {
         return Err(Error::invalid(
             "--config defines the plan: give --window, --batch-size and --stride in the run \
              configuration, not on the command line",
         ));
     }
-    let mut config = crate::runconfig::RunConfig::read(path)?;
-    config.view.max_listing = args.max_listing;
+    let mut configs = crate::runconfig::RunConfig::read_plans(path)?;
+    if let Some(name) = &plan.plan {
+        let names: Vec<&str> = configs.iter().filter_map(|c| c.name.as_deref()).collect();
+        let Some(k) = configs.iter().position(|c| c.name.as_ref() == Some(name)) else {
+            return Err(Error::invalid(format!(
+                "{}: no [[plan]] named {name:?} (it has: {})",
+                path.display(),
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
+            )));
+        };
+        let mut one = configs.swap_remove(k);
+        one.name = None;
+        configs = vec![one];
+    }
     let open = crate::view::OpenOptions {
         max_open,
         allow_other: args.allow_other,
         verify_reads: args.verify_reads,
     };
-    View::mixture(&config, &open)
+    let mut datasets = crate::view::Datasets::default();
+    let mut views = Vec::with_capacity(configs.len());
+    for mut config in configs {
+        config.view.max_listing = args.max_listing;
+        let view = View::mixture_in(&config, &open, &mut datasets)?;
+        views.push((config.name, view));
+    }
+    Ok((views, datasets.len()))
 }
 
-/// Opens the dataset and its view as the flags say, and logs what it serves.
-fn open_view(
-    dataset_dir: &Path,
+/// The view of the run configuration `path` (`--config`), which has one plan (or `--plan`
+/// chooses one).
+pub(crate) fn open_mixture(
+    path: &Path,
     plan: &crate::cli::PlanOptions,
     args: &crate::cli::MountFlags,
     max_open: usize,
 ) -> Result<View> {
-    if let Some(path) = &plan.config {
-        let view = open_mixture(path, plan, args, max_open)?;
-        info!(
-            "mixture {}: {} sources, {} steps/epoch x {} ranks x {} epochs, fingerprint {}",
+    let (mut views, _) = open_plans(path, plan, args, max_open)?;
+    if views.len() > 1 {
+        let names: Vec<String> = views.iter().filter_map(|(n, _)| n.clone()).collect();
+        return Err(Error::invalid(format!(
+            "{} has several [[plan]] tables: choose one with --plan NAME ({})",
             path.display(),
+            names.join(", ")
+        )));
+    }
+    Ok(views.remove(0).1)
+}
+
+/// The filesystem the flags describe: one dataset, or the plans of a run configuration; the
+/// fingerprint checked when one is expected.
+fn open_fs(
+    dataset_dir: &Path,
+    plan: &crate::cli::PlanOptions,
+    args: &crate::cli::MountFlags,
+    max_open: usize,
+) -> Result<ShuffleFs> {
+    let expect = |view: &View| match &args.expect_fingerprint {
+        Some(expected) => view.check_fingerprint(expected, args.resume_step.unwrap_or(0)),
+        None => Ok(()),
+    };
+    let Some(path) = &plan.config else {
+        let view = open_view(dataset_dir, plan, args, max_open)?;
+        expect(&view)?;
+        return ShuffleFs::new(view);
+    };
+    let (mut views, datasets) = open_plans(path, plan, args, max_open)?;
+    for (name, view) in &views {
+        info!(
+            "mixture {}{}: {} sources, {} steps/epoch x {} ranks x {} epochs, fingerprint {}",
+            path.display(),
+            name.as_ref()
+                .map_or(String::new(), |n| format!(" plan {n:?}")),
             view.info().mixture.as_ref().map_or(0, |m| m.sources.len()),
             view.info().steps_per_epoch,
             view.info().ranks,
             view.info().epochs,
             view.fingerprint()
         );
-        return Ok(view);
     }
+    if views.len() == 1 && views[0].0.is_none() {
+        let view = views.remove(0).1;
+        expect(&view)?;
+        return ShuffleFs::new(view);
+    }
+    if args.expect_fingerprint.is_some() {
+        return Err(Error::invalid(format!(
+            "{} has several [[plan]] tables: --expect-fingerprint checks one plan (add --plan \
+             NAME to mount it alone), or compare plan/NAME/info.json's fingerprint",
+            path.display()
+        )));
+    }
+    if args.prefill {
+        return Err(Error::invalid(format!(
+            "{} has several [[plan]] tables: --prefill serves one plan (add --plan NAME)",
+            path.display()
+        )));
+    }
+    let named = views
+        .into_iter()
+        .map(|(name, view)| (name.unwrap_or_default(), view))
+        .collect();
+    ShuffleFs::with_plans(path, named, datasets)
+}
+
+/// Opens the dataset and its view as the flags say (one dataset), and logs what it serves.
+fn open_view(
+    dataset_dir: &Path,
+    plan: &crate::cli::PlanOptions,
+    args: &crate::cli::MountFlags,
+    max_open: usize,
+) -> Result<View> {
     let mut dataset = crate::dataset::Dataset::open_with(dataset_dir, max_open, args.allow_other)?;
     if args.verify_reads {
         dataset = dataset.with_verified_reads()?;

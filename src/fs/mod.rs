@@ -11,31 +11,38 @@
 //! pool). [`ShuffleFs::read`], [`ShuffleFs::getattr`] and [`ShuffleFs::lookup`] do both at
 //! once, for tests and tools.
 //!
+//! A mount serves one plan, or several (a run configuration's `[[plan]]` tables) side by
+//! side under `plan/NAME/` with a small top level of their own ([`Top`]), sharing the
+//! datasets (opened once) and one step cache. Each plan is a [`PlanFs`] (`plan.rs`) speaking
+//! its own [`Node`]s and numbering; [`ShuffleFs`] routes: a node is a [`Loc`], and plan `k`'s
+//! inode `i` is the mount's `bases[k] + i - 1` (one plan: the same number).
+//!
 //! `read.rs` has the reads: the step cache and the prefetcher on a step file's miss, and the
 //! JSON cache.
 
 use std::ffi::OsStr;
-use std::num::NonZeroUsize;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::sync::Arc;
 
-use lru::LruCache;
+use serde::Serialize;
 
 use crate::cache::StepCache;
 use crate::error::{Error, Result};
-use crate::inode::Inodes;
 use crate::prefetch::{PrefetchConfig, Prefetcher};
 use crate::shuffle::plan::StepKey;
-use crate::tree::Shape;
-use crate::view::{Mask, View};
+use crate::tree::TOP_NAMES;
+use crate::view::View;
 
+mod plan;
 mod read;
 
+use plan::PlanFs;
 pub use read::{AttrJob, Bytes, Read, ReadJob, Stat};
 
 // Also at the paths tests/it still name (until they use the crate root).
 pub use crate::inode::ROOT_INO;
-pub use crate::tree::{DEFAULT_MAX_LISTING, Kind, Node};
+pub use crate::tree::{DEFAULT_MAX_LISTING, Kind, Node, Top};
 
 /// Permission bits of files.
 pub(crate) const FILE_PERM: u16 = 0o444;
@@ -111,64 +118,179 @@ impl DirSink for Vec<DirEntry> {
     }
 }
 
-/// The filesystem: a [`View`] plus the tree around it.
+/// Where a node is: the top level of a mount of several plans, or plan `k`'s node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Loc {
+    /// The top level of a mount of several plans.
+    Top(Top),
+    /// A node of plan `k` (the only plan, 0, of a mount of one).
+    Plan(u32, Node),
+}
+
+impl Loc {
+    /// File or directory.
+    pub(crate) fn kind(self) -> Kind {
+        match self {
+            Loc::Top(t) => t.kind(),
+            Loc::Plan(_, node) => node.kind(),
+        }
+    }
+
+    /// Whether the content changes while mounted (a `stats.json`).
+    pub(crate) fn is_volatile(self) -> bool {
+        match self {
+            Loc::Top(t) => t == Top::Stats,
+            Loc::Plan(_, node) => node.is_volatile(),
+        }
+    }
+}
+
+/// The filesystem: one plan (a [`View`] and the tree around it), or several side by side.
 #[derive(Debug)]
 pub struct ShuffleFs {
-    view: Arc<View>,
-    /// Finished step files (none: every read assembles its range from the shards).
+    /// The plans, in the order configured (one for a mount of one).
+    plans: Vec<PlanFs>,
+    /// Several plans: their names, inode bases and the top `info.json`.
+    named: Option<Named>,
+    /// The step cache the plans share (for `stats.json`; each plan has its own handle).
     cache: Option<Arc<StepCache>>,
-    prefetcher: Option<Prefetcher>,
-    /// Benchmarking only: every step read is answered from this one file.
-    stub: Option<Arc<[u8]>>,
-    shape: Shape,
-    inodes: Inodes,
-    /// Most names a listing shows (0: no bound); see [`ShuffleFs::readdir`].
-    max_listing: u64,
     /// `stats.json` has a fixed size (`--prefill`; see [`ShuffleFs::with_padded_stats`]).
     padded_stats: bool,
-    /// Recently rendered JSON files. A JSON file is rendered for `stat` (its size) and again
-    /// for each READ (a reader's last READ, at EOF, included); with metadata rows that costs
-    /// real reads, so the last few are kept. Bounded by [`JSON_CACHE_ENTRIES`] files of at most
-    /// `read::JSON_CACHE_MAX_FILE` bytes each.
-    json_cache: Mutex<LruCache<Node, Arc<[u8]>>>,
+}
+
+/// The top level of a mount of several plans.
+#[derive(Debug)]
+struct Named {
+    /// Each plan's name (its directory under `plan/`).
+    names: Vec<String>,
+    /// `bases[k]`: the mount's inode number of plan `k`'s root.
+    bases: Vec<u64>,
+    /// The top `info.json`.
+    info_json: Vec<u8>,
+}
+
+/// The top `info.json` of a mount of several plans.
+#[derive(Serialize)]
+struct PlansInfo<'a> {
+    /// The run configuration file.
+    config: String,
+    /// Distinct dataset directories the plans read (each opened once).
+    datasets: usize,
+    plans: Vec<PlanInfo<'a>>,
+}
+
+/// One plan in the top `info.json`.
+#[derive(Serialize)]
+struct PlanInfo<'a> {
+    name: &'a str,
+    /// Its tree, relative to the mount point.
+    path: String,
+    fingerprint: &'a str,
+    layout_fingerprint: &'a str,
+    steps_per_epoch: u64,
+    ranks: u64,
+    epochs: u64,
+    global_batch: u64,
 }
 
 /// Most step files the step cache holds, whatever the budget (its map is allocated up front).
 const MAX_CACHE_ENTRIES: u64 = 1 << 16;
 
-/// Files the JSON cache keeps: a few per active reader.
-const JSON_CACHE_ENTRIES: usize = 64;
-
 impl ShuffleFs {
-    /// Wraps a view.
+    /// Wraps a view: a mount of one plan.
     pub fn new(view: View) -> Result<ShuffleFs> {
-        let shape = view.shape();
-        let inodes = Inodes::new(shape)?;
-        let max_listing = view.info().max_listing;
         Ok(ShuffleFs {
-            view: Arc::new(view),
+            plans: vec![PlanFs::new(view)?],
+            named: None,
             cache: None,
-            prefetcher: None,
-            stub: None,
-            shape,
-            inodes,
-            max_listing,
             padded_stats: false,
-            json_cache: Mutex::new(LruCache::new(
-                NonZeroUsize::new(JSON_CACHE_ENTRIES).expect("non-zero"),
-            )),
         })
     }
 
-    /// Adds a step cache of `budget` bytes and a prefetcher. Step files larger than half the
-    /// budget are not cached (their reads go to the shards range by range).
-    pub fn with_cache(mut self, budget: u64, prefetch: PrefetchConfig) -> ShuffleFs {
-        if self.view.variable_step_sizes() {
-            // The cache recycles buffers of one size.
-            log::info!("the schedule changes the batch size: step cache and prefetch off");
-            return self;
+    /// Several plans side by side (`[[plan]]` tables of the run configuration `config`), each
+    /// `(name, view)` served under `plan/NAME/`; `datasets` is how many dataset directories
+    /// their views share (`info.json`).
+    pub fn with_plans(config: &Path, plans: Vec<(String, View)>, datasets: usize) -> Result<Self> {
+        if plans.is_empty() {
+            return Err(Error::invalid(format!("{}: no plan", config.display())));
         }
-        let step = self.view.step_npy_len().max(1);
+        let mut names = Vec::with_capacity(plans.len());
+        let mut fss = Vec::with_capacity(plans.len());
+        let mut bases = Vec::with_capacity(plans.len());
+        let mut next = ROOT_INO + Top::ALL.len() as u64;
+        for (name, view) in plans {
+            let fs = PlanFs::new(view)?;
+            bases.push(next);
+            next = next.checked_add(fs.inodes.len()).ok_or_else(|| {
+                Error::invalid(format!(
+                    "{}: the plans have too many files to number together; lower their epochs",
+                    config.display()
+                ))
+            })?;
+            names.push(name);
+            fss.push(fs);
+        }
+        let info = PlansInfo {
+            config: config.display().to_string(),
+            datasets,
+            plans: names
+                .iter()
+                .zip(&fss)
+                .map(|(name, fs)| {
+                    let i = fs.view.info();
+                    PlanInfo {
+                        name,
+                        path: format!("plan/{name}"),
+                        fingerprint: &i.fingerprint,
+                        layout_fingerprint: &i.layout_fingerprint,
+                        steps_per_epoch: i.steps_per_epoch,
+                        ranks: i.ranks,
+                        epochs: i.epochs,
+                        global_batch: i.global_batch,
+                    }
+                })
+                .collect(),
+        };
+        let mut info_json = serde_json::to_vec_pretty(&info).expect("plans serialize");
+        info_json.push(b'\n');
+        Ok(ShuffleFs {
+            plans: fss,
+            named: Some(Named {
+                names,
+                bases,
+                info_json,
+            }),
+            cache: None,
+            padded_stats: false,
+        })
+    }
+
+    /// Adds a step cache of `budget` bytes, shared by the plans, and a prefetcher per plan.
+    /// Step files larger than half the budget are not cached (their reads go to the shards
+    /// range by range); nor are the step files of a plan whose schedule changes the batch size.
+    pub fn with_cache(mut self, budget: u64, prefetch: PrefetchConfig) -> ShuffleFs {
+        let lens: Vec<Option<u64>> = self
+            .plans
+            .iter()
+            .map(|p| {
+                if p.view.variable_step_sizes() {
+                    // The cache recycles buffers of one size per plan.
+                    log::info!(
+                        "the schedule changes the batch size: step cache and prefetch off{}",
+                        self.named.as_ref().map_or(String::new(), |_| format!(
+                            " for plan {:?}",
+                            p.view.info().dataset
+                        ))
+                    );
+                    None
+                } else {
+                    Some(p.view.step_npy_len().max(1))
+                }
+            })
+            .collect();
+        let Some(step) = lens.iter().flatten().copied().max() else {
+            return self;
+        };
         if budget / step < 2 {
             log::info!(
                 "step files of {step} bytes do not fit a {budget}-byte cache twice: cache off"
@@ -177,17 +299,13 @@ impl ShuffleFs {
         }
         // The LRU map is allocated up front: bound the entry count for tiny step files.
         let entries = (budget / step).min(MAX_CACHE_ENTRIES) as usize;
-        let cache = Arc::new(StepCache::new(entries, step as usize));
-        if prefetch.depth > 0 {
-            let view = self.view.clone();
-            self.prefetcher = Some(Prefetcher::new(
-                prefetch,
-                view.plan().clone(),
-                cache.clone(),
-                Box::new(move |key, buf: &mut [u8]| view.render_step_npy_into(key, buf)),
-            ));
+        let store = StepCache::new(entries, step as usize);
+        for (k, (p, len)) in self.plans.iter_mut().zip(lens).enumerate() {
+            if let Some(len) = len {
+                p.use_cache(store.for_plan(k as u32, len as usize), prefetch);
+            }
         }
-        self.cache = Some(cache);
+        self.cache = Some(Arc::new(store));
         self
     }
 
@@ -199,49 +317,110 @@ impl ShuffleFs {
             rank: 0,
             step: 0,
         };
-        self.stub = Some(self.view.render_step_npy(key)?.into());
+        for p in &mut self.plans {
+            p.stub = Some(p.view.render_step_npy(key)?.into());
+        }
         Ok(self)
     }
 
-    /// Gives `stats.json` a fixed size (`--prefill`; see `stats.rs`).
+    /// Gives every `stats.json` a fixed size (`--prefill`; see `stats.rs`).
     pub(crate) fn with_padded_stats(mut self) -> ShuffleFs {
         self.padded_stats = true;
+        for p in &mut self.plans {
+            p.padded_stats = true;
+        }
         self
     }
 
-    /// The step cache, if enabled.
+    /// The step cache, if enabled (shared by the plans).
     pub fn cache(&self) -> Option<&StepCache> {
         self.cache.as_deref()
     }
 
-    /// The prefetcher, if enabled.
+    /// The prefetcher of the first plan, if enabled.
     pub fn prefetcher(&self) -> Option<&Prefetcher> {
-        self.prefetcher.as_ref()
+        self.plans[0].prefetcher.as_ref()
     }
 
-    /// The bytes of `stats.json` now (see `stats.rs`).
-    pub(crate) fn stats_json(&self) -> Vec<u8> {
-        crate::stats::render(self.cache(), self.prefetcher(), self.padded_stats)
+    /// The bytes of `stats.json` of `loc`'s plan (or of the top level) now (see `stats.rs`).
+    pub(crate) fn stats_json(&self, loc: Loc) -> Vec<u8> {
+        match loc {
+            Loc::Plan(k, _) => self.plans[k as usize].stats_json(),
+            Loc::Top(_) => {
+                let prefetchers: Vec<&Prefetcher> = self
+                    .plans
+                    .iter()
+                    .filter_map(|p| p.prefetcher.as_ref())
+                    .collect();
+                crate::stats::render(self.cache(), &prefetchers, self.padded_stats)
+            }
+        }
     }
 
-    /// The view behind the tree.
+    /// The view of the first plan (the only one of a mount of one).
     pub fn view(&self) -> &View {
-        &self.view
+        &self.plans[0].view
     }
 
-    /// The inode numbering.
-    pub(crate) fn inodes(&self) -> &Inodes {
-        &self.inodes
+    /// The plans' names and views (a mount of one: one, unnamed).
+    pub fn plans(&self) -> impl Iterator<Item = (Option<&str>, &View)> {
+        self.plans.iter().enumerate().map(|(k, p)| {
+            let name = self.named.as_ref().map(|n| n.names[k].as_str());
+            (name, &*p.view)
+        })
     }
 
-    /// The inode number of `node`.
-    pub(crate) fn ino(&self, node: Node) -> u64 {
-        self.inodes.ino(node)
+    /// The first plan's inode numbering (the mount's, for a mount of one).
+    pub(crate) fn inodes(&self) -> &crate::inode::Inodes {
+        &self.plans[0].inodes
+    }
+
+    /// Plan `k`.
+    fn plan(&self, k: u32) -> &PlanFs {
+        &self.plans[k as usize]
+    }
+
+    /// The inode number of `loc`.
+    pub(crate) fn ino(&self, loc: Loc) -> u64 {
+        match (loc, &self.named) {
+            (Loc::Top(t), _) => {
+                ROOT_INO + Top::ALL.iter().position(|&x| x == t).expect("a top node") as u64
+            }
+            (Loc::Plan(k, node), None) => self.plan(k).inodes.ino(node),
+            (Loc::Plan(k, node), Some(named)) => {
+                named.bases[k as usize] + self.plan(k).inodes.ino(node) - ROOT_INO
+            }
+        }
     }
 
     /// The node of inode `ino`, if it exists.
-    pub fn node(&self, ino: u64) -> Result<Node> {
-        self.inodes.node(ino).ok_or(Error::NotFound)
+    pub fn node(&self, ino: u64) -> Result<Loc> {
+        let Some(named) = &self.named else {
+            let node = self.plans[0].inodes.node(ino).ok_or(Error::NotFound)?;
+            return Ok(Loc::Plan(0, node));
+        };
+        if let Some(i) = ino.checked_sub(ROOT_INO)
+            && let Some(&t) = Top::ALL.get(i as usize)
+        {
+            return Ok(Loc::Top(t));
+        }
+        let k = named
+            .bases
+            .partition_point(|&b| b <= ino)
+            .checked_sub(1)
+            .ok_or(Error::NotFound)?;
+        let local = ino - named.bases[k] + ROOT_INO;
+        let node = self.plans[k].inodes.node(local).ok_or(Error::NotFound)?;
+        Ok(Loc::Plan(k as u32, node))
+    }
+
+    /// The directory that holds `loc` (the root holds itself).
+    fn parent(&self, loc: Loc) -> Loc {
+        match loc {
+            Loc::Top(_) => Loc::Top(Top::Root),
+            Loc::Plan(_, Node::Root) if self.named.is_some() => Loc::Top(Top::Plans),
+            Loc::Plan(k, node) => Loc::Plan(k, node.parent()),
+        }
     }
 
     /// Resolves `name` inside directory `parent`, and its attributes (which may read document
@@ -255,17 +434,33 @@ impl ShuffleFs {
         self.stat(self.node(ino)?)
     }
 
-    /// The attributes of `node`, running the job here when there is one.
-    fn stat(&self, node: Node) -> Result<Attr> {
-        match self.attr_or_job(node)? {
+    /// The attributes of `loc`, running the job here when there is one.
+    fn stat(&self, loc: Loc) -> Result<Attr> {
+        match self.attr_or_job(loc)? {
             Stat::Ready(attr) => Ok(attr),
             Stat::Job(job) => job.run(self),
         }
     }
 
     /// The node named `name` in directory `parent`.
-    pub(crate) fn lookup_node(&self, parent: u64, name: &OsStr) -> Result<Node> {
-        self.shape.child(self.node(parent)?, name.as_bytes())
+    pub(crate) fn lookup_node(&self, parent: u64, name: &OsStr) -> Result<Loc> {
+        let name = name.as_bytes();
+        match self.node(parent)? {
+            Loc::Top(Top::Root) => Top::child_of_root(name).map(Loc::Top),
+            Loc::Top(Top::Plans) => {
+                let names = &self.named.as_ref().expect("a top level").names;
+                let k = names
+                    .iter()
+                    .position(|n| n.as_bytes() == name)
+                    .ok_or(Error::NotFound)?;
+                Ok(Loc::Plan(k as u32, Node::Root))
+            }
+            Loc::Top(_) => Err(Error::NotADirectory),
+            Loc::Plan(k, node) => {
+                let child = self.plan(k).shape.child(node, name)?;
+                Ok(Loc::Plan(k, child))
+            }
+        }
     }
 
     /// Whether inode `ino` exists (no work beyond decoding the number).
@@ -275,9 +470,9 @@ impl ShuffleFs {
 
     /// Checks that `ino` can be opened with the `open(2)` flags `flags`: files only, and
     /// nothing that writes (write access, `O_TRUNC`, `O_APPEND`, `O_CREAT`).
-    pub fn open(&self, ino: u64, flags: i32) -> Result<Node> {
-        let node = self.node(ino)?;
-        if node.kind() == Kind::Directory {
+    pub fn open(&self, ino: u64, flags: i32) -> Result<Loc> {
+        let loc = self.node(ino)?;
+        if loc.kind() == Kind::Directory {
             return Err(Error::IsADirectory);
         }
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY
@@ -285,29 +480,29 @@ impl ShuffleFs {
         if writes {
             return Err(Error::ReadOnly);
         }
-        Ok(node)
+        Ok(loc)
     }
 
     /// `access(2)` on `ino` with `mask` (`R_OK`, `W_OK`, `X_OK` bits): write is `EROFS`,
     /// execute on a file is `EACCES`, read and lookup are allowed.
     pub fn access(&self, ino: u64, mask: i32) -> Result<()> {
-        let node = self.node(ino)?;
+        let loc = self.node(ino)?;
         if mask & libc::W_OK != 0 {
             return Err(Error::ReadOnly);
         }
-        if mask & libc::X_OK != 0 && node.kind() == Kind::File {
+        if mask & libc::X_OK != 0 && loc.kind() == Kind::File {
             return Err(Error::PermissionDenied);
         }
         Ok(())
     }
 
     /// Checks that `ino` is a directory.
-    pub(crate) fn opendir(&self, ino: u64) -> Result<Node> {
-        let node = self.node(ino)?;
-        if node.kind() != Kind::Directory {
+    pub(crate) fn opendir(&self, ino: u64) -> Result<Loc> {
+        let loc = self.node(ino)?;
+        if loc.kind() != Kind::Directory {
             return Err(Error::NotADirectory);
         }
-        Ok(node)
+        Ok(loc)
     }
 
     /// Lists directory `ino` from `offset` (0 = start; every entry carries the offset to
@@ -316,94 +511,87 @@ impl ShuffleFs {
     /// the first N names in listing order; every name beyond them is still found by
     /// [`ShuffleFs::lookup`].
     pub fn readdir(&self, ino: u64, offset: u64, sink: &mut impl DirSink) -> Result<()> {
-        let node = self.opendir(ino)?;
-        let mut len = self.shape.dir_len(node);
-        if self.max_listing > 0 {
-            len = len.min(self.max_listing.saturating_add(2));
+        let loc = self.opendir(ino)?;
+        let (mut len, max_listing) = match loc {
+            Loc::Top(Top::Root) => (2 + TOP_NAMES.len() as u64, 0),
+            Loc::Top(_) => (2 + self.plans.len() as u64, 0),
+            Loc::Plan(k, node) => {
+                let p = self.plan(k);
+                (p.shape.dir_len(node), p.max_listing)
+            }
+        };
+        if max_listing > 0 {
+            len = len.min(max_listing.saturating_add(2));
         }
-        let mut k = offset;
-        while k < len {
-            let (child, name) = match k {
-                0 => (node, ".".to_string()),
-                1 => (node.parent(), "..".to_string()),
-                _ => self.shape.entry(node, k - 2),
+        let mut i = offset;
+        while i < len {
+            let (child, name) = match i {
+                0 => (loc, ".".to_string()),
+                1 => (self.parent(loc), "..".to_string()),
+                _ => self.entry(loc, i - 2),
             };
             let entry = DirEntry {
                 ino: self.ino(child),
-                next_offset: k + 1,
+                next_offset: i + 1,
                 kind: child.kind(),
                 name,
             };
             if sink.add(entry) {
                 break;
             }
-            k += 1;
+            i += 1;
         }
         Ok(())
     }
 
-    /// The attributes of `node`, computed here.
-    fn attr(&self, node: Node) -> Result<Attr> {
-        let (kind, size) = match node.kind() {
-            Kind::Directory => (Kind::Directory, 0),
-            Kind::File => (Kind::File, self.size(node)?),
-        };
-        Ok(Attr {
-            ino: self.ino(node),
-            kind,
-            size,
-            perm: if kind == Kind::File {
-                FILE_PERM
-            } else {
-                DIR_PERM
-            },
-            nlink: if kind == Kind::File { 1 } else { 2 },
-            volatile: node.is_volatile(),
-        })
+    /// The `index`-th entry of directory `loc`, in listing order.
+    fn entry(&self, loc: Loc, index: u64) -> (Loc, String) {
+        match loc {
+            Loc::Top(Top::Root) => {
+                let (t, name) = TOP_NAMES[index as usize];
+                (Loc::Top(t), name.to_string())
+            }
+            Loc::Top(_) => {
+                let names = &self.named.as_ref().expect("a top level").names;
+                (
+                    Loc::Plan(index as u32, Node::Root),
+                    names[index as usize].clone(),
+                )
+            }
+            Loc::Plan(k, node) => {
+                let (child, name) = self.plan(k).shape.entry(node, index);
+                (Loc::Plan(k, child), name)
+            }
+        }
     }
 
-    /// The attributes of `node` now, or (when they may read document files: the size of a JSON
+    /// The attributes of `loc` now, or (when they may read document files: the size of a JSON
     /// file not cached yet, or of an observation, in a dataset with documents) the job that
     /// computes them.
-    pub(crate) fn attr_or_job(&self, node: Node) -> Result<Stat> {
-        let needs_files = match node {
-            Node::StepJson(_) | Node::ObservationJson(_) | Node::LookupJson(..) => {
-                self.view.dataset().has_documents() && !self.json_is_cached(node)
-            }
-            Node::ValStepJson(..) => !self.json_is_cached(node),
-            Node::ObservationNpy(_) => self.view.dataset().has_documents(),
-            _ => false,
+    pub(crate) fn attr_or_job(&self, loc: Loc) -> Result<Stat> {
+        let ino = self.ino(loc);
+        let t = match loc {
+            Loc::Plan(k, node) => return self.plan(k).attr_or_job(k, node, ino),
+            Loc::Top(t) => t,
         };
-        if needs_files {
-            return Ok(Stat::Job(AttrJob { node }));
-        }
-        self.attr(node).map(Stat::Ready)
+        let (kind, size) = match t {
+            Top::Root | Top::Plans => (Kind::Directory, 0),
+            Top::Info => (Kind::File, self.top_info_json().len() as u64),
+            Top::Stats => (Kind::File, self.stats_json(loc).len() as u64),
+        };
+        let file = kind == Kind::File;
+        Ok(Stat::Ready(Attr {
+            ino,
+            kind,
+            size,
+            perm: if file { FILE_PERM } else { DIR_PERM },
+            nlink: if file { 1 } else { 2 },
+            volatile: loc.is_volatile(),
+        }))
     }
 
-    /// The size of file `node`.
-    fn size(&self, node: Node) -> Result<u64> {
-        let v = &self.view;
-        Ok(match node {
-            Node::Info => v.info_json().len() as u64,
-            Node::Stats => self.stats_json().len() as u64,
-            Node::StepNpy(key) => v.step_npy_len_at(key),
-            Node::StepPos(_) => v.step_mask_len(Mask::Positions)?,
-            Node::StepDocLens(_) => v.step_mask_len(Mask::DocLens)?,
-            // Measured without writing it (a listing's `ls -l` stats thousands): see
-            // `View::step_json_len`. A read renders it (and caches it) as before.
-            Node::StepJson(key) => match self.json_if_cached(node) {
-                Some(bytes) => bytes.len() as u64,
-                None => v.step_json_len(key)?,
-            },
-            Node::ValStepNpy(..) => v.step_npy_len(),
-            Node::ObservationJson(_) | Node::LookupJson(..) | Node::ValStepJson(..) => {
-                match self.cached_json(node)? {
-                    Ok(bytes) => bytes.len() as u64,
-                    Err(len) => len,
-                }
-            }
-            Node::ObservationNpy(i) => v.observation_npy_len(i)?,
-            _ => 0,
-        })
+    /// The top `info.json` (empty for a mount of one plan, which has no top level).
+    fn top_info_json(&self) -> &[u8] {
+        self.named.as_ref().map_or(&[], |n| &n.info_json)
     }
 }

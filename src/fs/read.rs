@@ -20,7 +20,8 @@ use std::ops::{Deref, Range};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Attr, ShuffleFs};
+use super::plan::PlanFs;
+use super::{Attr, Loc, ShuffleFs, Top};
 use crate::error::{Error, Result};
 use crate::prefetch::Claim;
 use crate::shuffle::plan::StepKey;
@@ -70,6 +71,7 @@ pub enum Read<'a> {
 /// `ReadJob::run` wherever the caller decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadJob {
+    plan: u32,
     node: Node,
     offset: u64,
     size: u32,
@@ -88,25 +90,26 @@ pub enum Stat {
 /// observation in documents mode).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttrJob {
+    pub(super) plan: u32,
     pub(super) node: Node,
 }
 
 impl AttrJob {
     /// The node whose attributes these are.
-    pub(crate) fn node(&self) -> Node {
-        self.node
+    pub(crate) fn node(&self) -> Loc {
+        Loc::Plan(self.plan, self.node)
     }
 
     /// Computes the attributes.
     pub(crate) fn run(&self, fs: &ShuffleFs) -> Result<Attr> {
-        fs.attr(self.node)
+        fs.plan(self.plan).attr(self.node, fs.ino(self.node()))
     }
 }
 
 impl ReadJob {
     /// The file read.
-    pub(crate) fn node(&self) -> Node {
-        self.node
+    pub(crate) fn node(&self) -> Loc {
+        Loc::Plan(self.plan, self.node)
     }
 
     /// Where the read starts.
@@ -122,7 +125,13 @@ impl ReadJob {
     /// Reads the bytes: into the front of `scratch` (grown when too short, never shrunk), or
     /// a range of a shared file.
     pub(crate) fn run<'s>(&self, fs: &ShuffleFs, scratch: &'s mut Vec<u8>) -> Result<Bytes<'s>> {
-        let ReadJob { node, offset, size } = *self;
+        let ReadJob {
+            plan,
+            node,
+            offset,
+            size,
+        } = *self;
+        let fs = fs.plan(plan);
         let v = &fs.view;
         match node {
             Node::StepNpy(key) => fs.read_step_miss(key, offset, size, scratch),
@@ -215,8 +224,37 @@ impl ShuffleFs {
     /// past the end): now when they are in memory, else the job that reads them (see the
     /// module docs).
     pub(crate) fn read_or_job(&self, ino: u64, offset: u64, size: u32) -> Result<Read<'_>> {
-        let node = self.open(ino, libc::O_RDONLY)?;
-        let job = Read::Job(ReadJob { node, offset, size });
+        let loc = self.open(ino, libc::O_RDONLY)?;
+        let bytes = match loc {
+            Loc::Plan(k, node) => return self.plan(k).read_or_job(k, node, offset, size),
+            Loc::Top(Top::Info) => {
+                let info = self.top_info_json();
+                Bytes::Borrowed(&info[range(info.len(), offset, size)])
+            }
+            Loc::Top(Top::Stats) => owned_range(self.stats_json(loc), offset, size),
+            Loc::Top(Top::Root | Top::Plans) => return Err(Error::IsADirectory),
+        };
+        Ok(Read::Ready(bytes))
+    }
+}
+
+/// Bytes `[offset, offset + size)` of a rendering.
+fn owned_range(mut bytes: Vec<u8>, offset: u64, size: u32) -> Bytes<'static> {
+    let range = range(bytes.len(), offset, size);
+    bytes.truncate(range.end);
+    bytes.drain(..range.start);
+    Bytes::Owned(bytes)
+}
+
+impl PlanFs {
+    /// [`ShuffleFs::read_or_job`] of file `node` of this plan (plan `plan`).
+    fn read_or_job(&self, plan: u32, node: Node, offset: u64, size: u32) -> Result<Read<'_>> {
+        let job = Read::Job(ReadJob {
+            plan,
+            node,
+            offset,
+            size,
+        });
         let bytes = match node {
             Node::StepNpy(key) => {
                 if offset >= self.view.step_npy_len_at(key) {
@@ -245,28 +283,9 @@ impl ShuffleFs {
                 let info = self.view.info_json();
                 Bytes::Borrowed(&info[range(info.len(), offset, size)])
             }
-            Node::Stats => {
-                let mut stats = self.stats_json();
-                let range = range(stats.len(), offset, size);
-                stats.truncate(range.end);
-                stats.drain(..range.start);
-                Bytes::Owned(stats)
-            }
-            Node::Root
-            | Node::EpochList
-            | Node::Epoch(_)
-            | Node::RankList(_)
-            | Node::Rank(..)
-            | Node::StepList(..)
-            | Node::ObservationList
-            | Node::Lookup
-            | Node::LookupEpochList
-            | Node::LookupEpoch(_)
-            | Node::LookupObservationList(_)
-            | Node::Val
-            | Node::ValRankList
-            | Node::ValRank(_)
-            | Node::ValStepList(_) => return Err(Error::IsADirectory),
+            Node::Stats => owned_range(self.stats_json(), offset, size),
+            // Every other node is a directory.
+            _ => return Err(Error::IsADirectory),
         };
         Ok(Read::Ready(bytes))
     }

@@ -33,7 +33,7 @@ pub(crate) use dispatch::MAX_IO_THREADS;
 pub(crate) use kernel_cache::{KernelCache, QUIESCE_NAME, RESUME_NAME};
 
 use crate::error::{Error, Result};
-use crate::fs::{Attr, DirEntry, DirSink, Node, Ownership, Read, ShuffleFs, Stat};
+use crate::fs::{Attr, DirEntry, DirSink, Loc, Node, Ownership, Read, ShuffleFs, Stat};
 
 /// Runs a request handler; a panic is answered with `EIO` (the reply is dropped while
 /// unwinding, and fuser answers an unanswered request with `EIO`) and logged, so a bug in one
@@ -144,7 +144,7 @@ impl FuseAdapter {
     fn stat<R: Answer>(
         &self,
         op: &'static str,
-        node: Node,
+        node: Loc,
         reply: R,
         answer: impl FnOnce(&ShuffleFs, R, Result<Attr>) + Send + 'static,
     ) {
@@ -277,8 +277,8 @@ impl Filesystem for FuseAdapter {
             match self.fs.open(ino.0, flags.0) {
                 // noflush: close() costs no round trip. A volatile file is always direct_io, so
                 // the page cache never holds an old version.
-                Ok(node) if node.is_volatile() => {
-                    let fh = self.handles.open_snapshot(self.fs.stats_json().into());
+                Ok(loc) if loc.is_volatile() => {
+                    let fh = self.handles.open_snapshot(self.fs.stats_json(loc).into());
                     reply.opened(
                         FileHandle(fh),
                         FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH,
@@ -311,7 +311,7 @@ impl Filesystem for FuseAdapter {
             return reply.data(&bytes[start..end]);
         }
         if let Some(k) = self.prefill.get()
-            && let Ok(Node::StepNpy(key)) = self.fs.node(ino.0)
+            && let Ok(Loc::Plan(0, Node::StepNpy(key))) = self.fs.node(ino.0)
         {
             k.on_read(ino.0, key);
         }

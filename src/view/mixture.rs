@@ -8,7 +8,9 @@
 //! of rank `r` is slot `j * ranks + r`, as for one dataset. The counts of recent steps are
 //! kept (a random access replays at most `CHECKPOINT_STEPS` steps from a checkpoint).
 
+use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
@@ -42,6 +44,38 @@ pub struct OpenOptions {
     pub allow_other: bool,
     /// Check every shard read against its block checksums.
     pub verify_reads: bool,
+}
+
+/// The datasets of a mount's plans, each opened once (by its canonical directory), so plans
+/// over the same sources share their descriptors and their reads.
+#[derive(Debug, Default)]
+pub struct Datasets(BTreeMap<PathBuf, Arc<Dataset>>);
+
+impl Datasets {
+    /// The dataset at `dir`, opened as `open` says the first time it is asked for.
+    fn open(&mut self, dir: &Path, open: &OpenOptions) -> Result<Arc<Dataset>> {
+        let key = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        if let Some(d) = self.0.get(&key) {
+            return Ok(d.clone());
+        }
+        let mut dataset = Dataset::open_with(dir, open.max_open, open.allow_other)?;
+        if open.verify_reads {
+            dataset = dataset.with_verified_reads()?;
+        }
+        let dataset = Arc::new(dataset);
+        self.0.insert(key, dataset.clone());
+        Ok(dataset)
+    }
+
+    /// How many datasets are open.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// The sources of a mixture view and its plan.
@@ -114,20 +148,20 @@ impl Mixed {
     /// dataset is opened as a single-dataset mount opens it (`Dataset::open_with`: the owner
     /// rule, and for an `allow_other` mount the world-readable rule; `verify_reads` checks
     /// every shard read against its block checksums).
-    pub(super) fn open(config: &RunConfig, open: &OpenOptions) -> Result<Mixed> {
+    pub(super) fn open(
+        config: &RunConfig,
+        open: &OpenOptions,
+        datasets: &mut Datasets,
+    ) -> Result<Mixed> {
         let at = |what: String| Error::invalid(format!("{}: {what}", config.path.display()));
         if config.view.rewindow || config.view.mode == Mode::Packed {
             return Err(at("a mixture serves stream or documents rows".into()));
         }
         let mut sources = Vec::with_capacity(config.sources.len());
         for s in &config.sources {
-            let mut dataset = Dataset::open_with(&s.path, open.max_open, open.allow_other)
+            let dataset = datasets
+                .open(&s.path, open)
                 .map_err(|e| at(format!("source {:?}: {e}", s.name)))?;
-            if open.verify_reads {
-                dataset = dataset
-                    .with_verified_reads()
-                    .map_err(|e| at(format!("source {:?}: {e}", s.name)))?;
-            }
             // One observation per step: any source with at least one observation serves.
             let geometry = super::ViewConfig {
                 batch_size: 1,
@@ -135,7 +169,7 @@ impl Mixed {
                 epochs: 1,
                 ..config.view.clone()
             };
-            let view = View::new(dataset, &geometry)
+            let view = View::shared(dataset, &geometry)
                 .map_err(|e| at(format!("source {:?}: {e}", s.name)))?;
             sources.push((s.name.clone(), view));
         }

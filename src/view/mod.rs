@@ -40,7 +40,7 @@ mod window;
 pub use info::{Info, TruncatedListing};
 pub(crate) use json::{json_len, json_range};
 pub(crate) use masks::Mask;
-pub use mixture::{MixtureInfo, OpenOptions, ScheduleInfo, SourceInfo};
+pub use mixture::{Datasets, MixtureInfo, OpenOptions, ScheduleInfo, SourceInfo};
 pub use packed::PackingInfo;
 
 use convert::Convert;
@@ -178,6 +178,11 @@ pub struct View {
 impl View {
     /// Builds the view, refusing configurations that would serve nothing or overflow.
     pub fn new(dataset: Dataset, config: &ViewConfig) -> Result<View> {
+        View::shared(Arc::new(dataset), config)
+    }
+
+    /// [`View::new`] over a dataset other views may share (the sources of a mount's plans).
+    pub(crate) fn shared(dataset: Arc<Dataset>, config: &ViewConfig) -> Result<View> {
         let record: &RecordType = dataset.record_type();
         let itemsize = record.itemsize() as u64;
         let stride = config.stride.unwrap_or(config.window);
@@ -284,7 +289,7 @@ impl View {
             bos_record,
             mixed: None,
             info_json: info.to_json(),
-            dataset: Arc::new(dataset),
+            dataset,
             plan,
             mode: config.mode,
             window: config.window,
@@ -386,7 +391,17 @@ impl View {
     /// A view of the mixture `config` describes (`--config RUN.toml`), its sources opened as
     /// `open` says.
     pub fn mixture(config: &crate::runconfig::RunConfig, open: &OpenOptions) -> Result<View> {
-        let mixed = mixture::Mixed::open(config, open)?;
+        View::mixture_in(config, open, &mut Datasets::default())
+    }
+
+    /// [`View::mixture`] with its datasets taken from `datasets` (opened there the first time):
+    /// the plans of one mount share them.
+    pub fn mixture_in(
+        config: &crate::runconfig::RunConfig,
+        open: &OpenOptions,
+        datasets: &mut Datasets,
+    ) -> Result<View> {
+        let mixed = mixture::Mixed::open(config, open, datasets)?;
         let c = &config.view;
         let plan = Plan::new(
             mixed

@@ -19,7 +19,7 @@ const WINDOW: u64 = 17;
 
 /// Positional u32 datasets `a` (30,000 tokens), `b` (9,000) and `c` (2,000) in `dir`:
 /// token `t` of source `s` is `s * 1,000,000 + t`.
-fn sources(dir: &Path) {
+pub(crate) fn sources(dir: &Path) {
     for (k, (name, n)) in [("a", 30_000u64), ("b", 9_000), ("c", 2_000)]
         .into_iter()
         .enumerate()

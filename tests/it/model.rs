@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use shufflefs::Error;
 use shufflefs::dtype::ScalarType;
-use shufflefs::fs::{DirEntry, DirSink, Kind, Node, ShuffleFs};
+use shufflefs::fs::{DirEntry, DirSink, Kind, Loc, Node, ShuffleFs};
 use shufflefs::npy;
 use shufflefs::plan::StepKey;
 use shufflefs::view::ViewConfig;
@@ -299,11 +299,14 @@ fn huge_step_directory_lists_from_any_offset() {
     let last = fs.lookup(dir, OsStr::new("3999999.json")).unwrap();
     assert_eq!(
         fs.node(last.ino).unwrap(),
-        Node::StepJson(StepKey {
-            epoch: 0,
-            rank: 0,
-            step: 3_999_999
-        })
+        Loc::Plan(
+            0,
+            Node::StepJson(StepKey {
+                epoch: 0,
+                rank: 0,
+                step: 3_999_999
+            })
+        )
     );
     assert!(fs.lookup(dir, OsStr::new("4000000.npy")).is_err());
 }
