@@ -83,50 +83,31 @@ impl View {
         buf: &mut [u8],
         observation: impl Fn(u64) -> Result<u64>,
     ) -> Result<usize> {
-        let header_len = header.len() as u64;
         let row_bytes = row_records * self.out_itemsize;
-        let len = header_len + self.plan.batch_size() * row_bytes;
-        if offset >= len {
-            return Ok(0);
-        }
-        let n = (buf.len() as u64).min(len - offset) as usize;
-        let buf = &mut buf[..n];
-        let mut filled = 0usize;
-        if offset < header_len {
-            let take = ((header_len - offset) as usize).min(n);
-            buf[..take].copy_from_slice(&header[offset as usize..offset as usize + take]);
-            filled = take;
-        }
-        if filled == n {
-            return Ok(n);
-        }
-        // Data region, in bytes relative to the first row.
-        let mut data_pos = offset + filled as u64 - header_len;
-        let data_end = offset + n as u64 - header_len;
         let mut current: Option<(u64, Document)> = None;
-        while data_pos < data_end {
-            let row = data_pos / row_bytes;
-            let within = data_pos % row_bytes;
-            let take = (row_bytes - within).min(data_end - data_pos) as usize;
-            let out = &mut buf[filled..filled + take];
-            let obs = observation(row)?;
-            match self.mode {
-                Mode::Stream | Mode::Packed => {
-                    let first = self.windows.first_record_in(epoch, obs);
-                    self.read_records(first, within, out)?;
-                }
-                Mode::Documents => {
-                    if current.as_ref().is_none_or(|(r, _)| *r != row) {
-                        current = Some((row, self.dataset.document(obs)?));
+        fill_npy(
+            header,
+            self.plan.batch_size(),
+            row_bytes,
+            offset,
+            buf,
+            |row, within, out| {
+                let obs = observation(row)?;
+                match self.mode {
+                    Mode::Stream | Mode::Packed => {
+                        let first = self.windows.first_record_in(epoch, obs);
+                        self.read_records(first, within, out)
                     }
-                    let doc = &current.as_ref().expect("set above").1;
-                    self.fill_doc_row(doc, row_records, within, out)?;
+                    Mode::Documents => {
+                        if current.as_ref().is_none_or(|(r, _)| *r != row) {
+                            current = Some((row, self.dataset.document(obs)?));
+                        }
+                        let doc = &current.as_ref().expect("set above").1;
+                        self.fill_doc_row(doc, row_records, within, out)
+                    }
                 }
-            }
-            filled += take;
-            data_pos += take as u64;
-        }
-        Ok(n)
+            },
+        )
     }
 
     /// Bytes `[within, within + out.len())` of a padded document row.
@@ -161,41 +142,27 @@ impl View {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<usize> {
-        let header = &self.npy_header;
-        let header_len = header.len() as u64;
         let row_bytes = self.window * self.out_itemsize;
-        let len = header_len + self.plan.batch_size() * row_bytes;
-        if offset >= len {
-            return Ok(0);
-        }
-        let n = (buf.len() as u64).min(len - offset) as usize;
-        let buf = &mut buf[..n];
-        let mut filled = 0usize;
-        if offset < header_len {
-            let take = ((header_len - offset) as usize).min(n);
-            buf[..take].copy_from_slice(&header[offset as usize..offset as usize + take]);
-            filled = take;
-        }
-        let mut data_pos = (offset + filled as u64).saturating_sub(header_len);
-        let data_end = offset + n as u64 - header_len;
-        while data_pos < data_end {
-            let row = data_pos / row_bytes;
-            let within = data_pos % row_bytes;
-            let take = (row_bytes - within).min(data_end - data_pos) as usize;
-            let (block, r) = packed.row(&self.dataset, key.epoch, self.plan.position(key, row))?;
-            super::packed::fill_row(
-                &self.dataset,
-                &block,
-                block.rows.row(r),
-                &self.bos_record,
-                within,
-                &mut buf[filled..filled + take],
-                |start, within, out| self.read_records(start, within, out),
-            )?;
-            filled += take;
-            data_pos += take as u64;
-        }
-        Ok(n)
+        fill_npy(
+            &self.npy_header,
+            self.plan.batch_size(),
+            row_bytes,
+            offset,
+            buf,
+            |row, within, out| {
+                let (block, r) =
+                    packed.row(&self.dataset, key.epoch, self.plan.position(key, row))?;
+                super::packed::fill_row(
+                    &self.dataset,
+                    &block,
+                    block.rows.row(r),
+                    &self.bos_record,
+                    within,
+                    out,
+                    |start, within, out| self.read_records(start, within, out),
+                )
+            },
+        )
     }
 
     /// Reads `S.npy` of a mixture: row `j` is slot `j * ranks + rank` of the global step, an
@@ -209,39 +176,26 @@ impl View {
     ) -> Result<usize> {
         let batch = self.step_batch(key);
         let header = self.step_header(batch)?;
-        let header_len = header.len() as u64;
         let row_bytes = self.window * self.out_itemsize;
-        let len = header_len + batch * row_bytes;
-        if offset >= len {
-            return Ok(0);
-        }
-        let n = (buf.len() as u64).min(len - offset) as usize;
-        let buf = &mut buf[..n];
-        let mut filled = 0usize;
-        if offset < header_len {
-            let take = ((header_len - offset) as usize).min(n);
-            buf[..take].copy_from_slice(&header[offset as usize..offset as usize + take]);
-            filled = take;
-        }
-        let mut data_pos = (offset + filled as u64).saturating_sub(header_len);
-        let data_end = offset + n as u64 - header_len;
-        if data_pos >= data_end {
-            return Ok(n);
-        }
-        let first = data_pos / row_bytes;
-        let last = (data_end - 1) / row_bytes;
-        let rows = mixed.rows(key, self.plan.ranks(), first, last - first + 1);
-        while data_pos < data_end {
-            let row = data_pos / row_bytes;
-            let within = data_pos % row_bytes;
-            let take = (row_bytes - within).min(data_end - data_pos) as usize;
-            let r = rows[(row - first) as usize];
-            let source = &mixed.sources[r.source].1;
-            source.fill_observation_row(r.observation, within, &mut buf[filled..filled + take])?;
-            filled += take;
-            data_pos += take as u64;
-        }
-        Ok(n)
+        // The rows the range touches, placed together.
+        let Some(touched) = rows_touched(header.len() as u64, batch, row_bytes, offset, buf.len())
+        else {
+            return fill_npy(&header, batch, row_bytes, offset, buf, |_, _, _| Ok(()));
+        };
+        let first = touched.start;
+        let rows = mixed.rows(key, self.plan.ranks(), first, touched.end - first);
+        fill_npy(
+            &header,
+            batch,
+            row_bytes,
+            offset,
+            buf,
+            |row, within, out| {
+                let r = rows[(row - first) as usize];
+                let source = &mixed.sources[r.source].1;
+                source.fill_observation_row(r.observation, within, out)
+            },
+        )
     }
 
     /// Size of `observation/I.npy`.
@@ -320,6 +274,62 @@ impl View {
 /// The size of an observation file: its header and `records` records of `itemsize` bytes (a
 /// document too long to be one file, which only a conversion to a wider type can make, is an
 /// error, not a wrapped size).
+/// Fills `buf` with the bytes from `offset` of a `.npy` made of `header` and `rows` rows of
+/// `row_bytes` bytes, and returns how many that is (`min(buf.len(), len - offset)`, 0 at or
+/// past the end). `row(r, within, out)` writes bytes `[within, within + out.len())` of row `r`;
+/// it is called for the rows the range touches, in order, each once.
+pub(super) fn fill_npy(
+    header: &[u8],
+    rows: u64,
+    row_bytes: u64,
+    offset: u64,
+    buf: &mut [u8],
+    mut row: impl FnMut(u64, u64, &mut [u8]) -> Result<()>,
+) -> Result<usize> {
+    let header_len = header.len() as u64;
+    let len = header_len + rows * row_bytes;
+    if offset >= len {
+        return Ok(0);
+    }
+    let n = (buf.len() as u64).min(len - offset) as usize;
+    let buf = &mut buf[..n];
+    let mut filled = 0usize;
+    if offset < header_len {
+        let take = ((header_len - offset) as usize).min(n);
+        buf[..take].copy_from_slice(&header[offset as usize..offset as usize + take]);
+        filled = take;
+    }
+    // The data region, in bytes from the first row (empty when the range ends in the header).
+    let mut pos = (offset + filled as u64).saturating_sub(header_len);
+    let end = (offset + n as u64).saturating_sub(header_len);
+    while pos < end {
+        let r = pos / row_bytes;
+        let within = pos % row_bytes;
+        let take = (row_bytes - within).min(end - pos) as usize;
+        row(r, within, &mut buf[filled..filled + take])?;
+        filled += take;
+        pos += take as u64;
+    }
+    Ok(n)
+}
+
+/// The rows `[first, end)` that bytes `[offset, offset + size)` of a `.npy` of `header_len`
+/// header bytes and `rows` rows of `row_bytes` bytes touch (`None`: none).
+pub(super) fn rows_touched(
+    header_len: u64,
+    rows: u64,
+    row_bytes: u64,
+    offset: u64,
+    size: usize,
+) -> Option<std::ops::Range<u64>> {
+    let start = offset.max(header_len) - header_len;
+    let end = offset
+        .saturating_add(size as u64)
+        .min(header_len + rows * row_bytes)
+        .saturating_sub(header_len);
+    (start < end).then(|| start / row_bytes..end.div_ceil(row_bytes))
+}
+
 fn observation_bytes(header: &[u8], records: u64, itemsize: u64) -> Result<u64> {
     records
         .checked_mul(itemsize)

@@ -216,3 +216,36 @@ fn packed_mode_refuses_what_it_cannot_serve() {
     let e = View::open(&docs.path(), &big_bos).unwrap_err().to_string();
     assert!(e.contains("--bos 70000 is not a u16 value"), "{e}");
 }
+
+#[test]
+fn every_range_of_a_packed_step_file_is_its_bytes() {
+    let (text, _) = corpus();
+    let data = Data::jsonl(&text, ScalarType::U16, 1 << 12, None);
+    let view = data.view(&packed_config(3));
+    let key = keys(&view)[1];
+    let whole = view.render_step_npy(key).unwrap();
+    let header = view.info().npy_header_bytes as usize;
+    // Every range starting in the header or the first rows, of sizes from 1 byte (numpy's
+    // first read of a file is 6 bytes) to past the end.
+    for offset in (0..header + 70).chain([whole.len() - 3, whole.len()]) {
+        for size in [
+            1usize,
+            6,
+            10,
+            header - 1,
+            header,
+            header + 1,
+            333,
+            whole.len() + 5,
+        ] {
+            let mut buf = vec![0u8; size];
+            let n = view.read_step_npy(key, offset as u64, &mut buf).unwrap();
+            let end = (offset + size).min(whole.len());
+            assert_eq!(
+                &buf[..n],
+                &whole[offset.min(end)..end],
+                "offset {offset} size {size}"
+            );
+        }
+    }
+}
