@@ -53,6 +53,17 @@ fn config(dir: &Path, head: &str, weights: &str, tail: &str) -> RunConfig {
     RunConfig::read(&path).unwrap()
 }
 
+/// The rows of an `S.json`: `(source, observation)` in row order.
+fn row_ids(j: &Value) -> Vec<(String, u64)> {
+    j["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(j["observations"].as_array().unwrap())
+        .map(|(s, o)| (s.as_str().unwrap().to_string(), o.as_u64().unwrap()))
+        .collect()
+}
+
 fn json(view: &View, key: StepKey) -> Value {
     serde_json::from_slice(&view.step_json(key).unwrap()).unwrap()
 }
@@ -277,14 +288,7 @@ fn global_batches_do_not_depend_on_the_rank_split_and_a_mount_serves_them() {
                     step,
                 },
             );
-            for (s, o) in j["sources"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .zip(j["observations"].as_array().unwrap())
-            {
-                rows.push((s.as_str().unwrap().to_string(), o.as_u64().unwrap()));
-            }
+            rows.extend(row_ids(&j));
         }
         rows.sort();
         rows
@@ -326,13 +330,8 @@ fn held_out(view: View) -> HashSet<(String, u64)> {
         for step in 0..steps {
             let j = json_at(&fs, &format!("/val/rank/{rank}/step/{step}.json"));
             assert_eq!(j["val"], true);
-            for (s, o) in j["sources"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .zip(j["observations"].as_array().unwrap())
-            {
-                assert!(out.insert((s.as_str().unwrap().to_string(), o.as_u64().unwrap())));
+            for row in row_ids(&j) {
+                assert!(out.insert(row));
             }
             let npy = read_path(&fs, &format!("/val/rank/{rank}/step/{step}.npy")).unwrap();
             assert_eq!(npy.len() as u64, fs.view().step_npy_len());
@@ -371,14 +370,7 @@ fn a_held_out_split_is_disjoint_from_training_and_stable() {
     // Training never serves a held-out observation, in any epoch (c wraps several times).
     let mut train = HashSet::new();
     for (_, _, _, json) in all_steps(&a) {
-        for (s, o) in json["sources"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .zip(json["observations"].as_array().unwrap())
-        {
-            train.insert((s.as_str().unwrap().to_string(), o.as_u64().unwrap()));
-        }
+        train.extend(row_ids(&json));
     }
     let val = held_out(a);
     assert!(!val.is_empty());
@@ -411,15 +403,7 @@ fn quarantined_observations_change_only_the_rows_that_held_them() {
     let rows = |v: &View| -> Vec<(String, u64)> {
         all_steps(v)
             .iter()
-            .flat_map(|(_, _, _, j)| {
-                let j = j.clone();
-                (0..4).map(move |r| {
-                    (
-                        j["sources"][r].as_str().unwrap().to_string(),
-                        j["observations"][r].as_u64().unwrap(),
-                    )
-                })
-            })
+            .flat_map(|(_, _, _, j)| row_ids(j))
             .collect()
     };
     let before = rows(&plain);
@@ -526,4 +510,43 @@ fn a_batch_size_change_continues_the_rows_exactly() {
         );
     }
     unmount(mnt.path());
+}
+
+#[test]
+fn every_range_of_a_mixture_step_file_is_its_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    sources(dir.path());
+    let head = "batch_size = 3\nranks = 2\nseed = 5\nsteps_per_epoch = 10";
+    let view = View::mixture_for_tests(
+        &config(dir.path(), head, "0.5,0.3,0.2", "[split]\nval = 40\n"),
+        64,
+    )
+    .unwrap();
+    let key = StepKey {
+        epoch: 0,
+        rank: 1,
+        step: 4,
+    };
+    let whole = view.render_step_npy(key).unwrap();
+    let header = view.info().npy_header_bytes as usize;
+    for offset in (0..header + 80).chain([whole.len() - 3, whole.len()]) {
+        for size in [
+            1usize,
+            6,
+            header - 1,
+            header,
+            header + 1,
+            100,
+            whole.len() + 5,
+        ] {
+            let mut buf = vec![0u8; size];
+            let n = view.read_step_npy(key, offset as u64, &mut buf).unwrap();
+            let end = (offset + size).min(whole.len());
+            assert_eq!(
+                &buf[..n],
+                &whole[offset.min(end)..end],
+                "offset {offset} size {size}"
+            );
+        }
+    }
 }
