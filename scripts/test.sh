@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/ensure-fuse.sh
 ensure_fuse
+source scripts/ensure-remote.sh
+ensure_nginx
+ensure_moto
 
 echo "== cargo fmt --check"
 cargo fmt --check

@@ -73,6 +73,14 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
         open_descriptors(),
         reserved_descriptors(threads, args.prefetch_workers),
     )?;
+    // Remote reads fail (EIO) at the read deadline like local ones; without one, after a
+    // minute of retries.
+    if !args.read_timeout.is_zero() {
+        crate::storage::remote::configure(crate::storage::remote::Config {
+            read_timeout: args.read_timeout,
+            ..Default::default()
+        });
+    }
     let fs = open_fs(&dataset_dir, &plan, &args, max_open)?;
     let cache_size = args.cache_size;
     check_cache_size(cache_size, memory_limit())?;
@@ -310,6 +318,9 @@ fn daemonize(
     // Close-on-exec, so helpers spawned while mounting (fusermount3) do not hold the pipe.
     let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| Error::io("pipe", e.into()))?;
+    // Remote datasets were opened on an I/O runtime: its threads stop here and start again in
+    // the daemon on the first read.
+    crate::storage::remote::quiesce();
     match thread_count() {
         Ok(1) => {}
         Ok(n) => {

@@ -9,8 +9,15 @@
 //! file and what to do. Descriptors: at most `max_open` (`--max-open-shards`) stay open, the
 //! others are reopened on demand and must still be the files validated here
 //! (`storage/fdpool.rs`).
+//!
+//! A dataset directory may be remote (`s3://BUCKET/PREFIX`, `http(s)://HOST/PATH`: the
+//! directory as packed, uploaded as it is): its manifest and every file it lists are objects
+//! under that prefix, each pinned at open (`storage/remote/`). A local manifest may name
+//! remote objects (`pack --in-place` over remote token files) only when it belongs to the user
+//! whose credentials fetch them: the daemon's.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::Dataset;
 use super::documents::{DocFiles, DocSums};
@@ -20,7 +27,8 @@ use crate::format::checksum;
 use crate::format::docfiles::{DOC_RECORD, DocFile, ID_BYTES, OFFSET_BYTES};
 use crate::format::{MANIFEST, Manifest, ShardDocs, ShardEntry, parse_hash};
 use crate::storage::fdpool::DEFAULT_MAX_OPEN;
-use crate::storage::{LocalFiles, mtime_ns, read_manifest};
+use crate::storage::remote::{self, Location, RemoteObject};
+use crate::storage::{LocalFiles, MAX_MANIFEST_BYTES, ReadAt, mtime_ns, read_manifest};
 
 impl Dataset {
     /// Opens `dir` (see the module docs), keeping at most `DEFAULT_MAX_OPEN` descriptors
@@ -38,15 +46,40 @@ impl Dataset {
     /// non-root daemon then serves only files every user may read when others can choose what
     /// the dataset names (`storage/access.rs`).
     pub(crate) fn open_with(dir: &Path, max_open: usize, allow_other: bool) -> Result<Dataset> {
+        if remote::is_remote(dir) {
+            let location = location(dir)?;
+            let manifest_path = location.join(MANIFEST).map_err(Error::invalid)?;
+            let object = RemoteObject::open(&manifest_path)
+                .map_err(|e| remote_error(&manifest_path.path(), e))?;
+            let bytes = object
+                .read_all(MAX_MANIFEST_BYTES)
+                .map_err(|e| remote_error(&manifest_path.path(), e))?;
+            let manifest = Manifest::parse(&bytes, &manifest_path.path())?;
+            let files = Files::Remote(location.clone());
+            let dir = location.path();
+            let shards = manifest
+                .shards
+                .iter()
+                .map(|entry| open_shard(&dir, &manifest, entry, &files))
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(Dataset::from_parts(dir, manifest, shards));
+        }
         let dir = &dir.canonicalize().map_err(|e| Error::io(dir, e))?;
         let (manifest, manifest_meta) = read_manifest(dir)?;
-        let files = LocalFiles::new(
+        let local = LocalFiles::new(
             dir,
             &manifest_meta,
             allow_other,
             listed_files(&manifest),
             max_open,
         )?;
+        let files = Files::Local {
+            local,
+            remote_ok: {
+                use std::os::unix::fs::MetadataExt;
+                manifest_meta.uid() == nix::unistd::geteuid().as_raw()
+            },
+        };
         let shards = manifest
             .shards
             .iter()
@@ -70,25 +103,118 @@ fn listed_files(manifest: &Manifest) -> usize {
         .sum()
 }
 
+/// Where the files a manifest lists are opened.
+enum Files {
+    /// Local files (`remote_ok`: the manifest may name remote objects).
+    Local { local: LocalFiles, remote_ok: bool },
+    /// Objects under a remote dataset prefix.
+    Remote(Location),
+}
+
+/// A listed file's size and modification time.
+struct FileInfo {
+    len: u64,
+    mtime_ns: u64,
+}
+
+impl Files {
+    /// The path of the file the manifest of `dir` names `name`.
+    fn locate(&self, dir: &Path, name: &str) -> Result<PathBuf> {
+        let listed = Path::new(name);
+        match self {
+            Files::Local { .. } => Ok(if remote::is_remote(listed) {
+                listed.to_path_buf()
+            } else {
+                dir.join(name)
+            }),
+            Files::Remote(location) => {
+                if listed.is_absolute() || remote::is_remote(listed) {
+                    return Err(Error::dataset(
+                        dir.join(MANIFEST),
+                        CorruptKind::Manifest(format!(
+                            "a remote dataset's manifest names {name:?}: it may only name \
+                             files under its own prefix (relative names)"
+                        )),
+                    ));
+                }
+                Ok(location
+                    .join(name)
+                    .map_err(|e| Error::dataset(dir.join(MANIFEST), CorruptKind::Manifest(e)))?
+                    .path())
+            }
+        }
+    }
+
+    /// Opens the listed file `path` (`what`: "shard", "document file"; `random`: advise
+    /// random reads).
+    fn open(
+        &self,
+        path: &Path,
+        what: &'static str,
+        random: bool,
+    ) -> Result<(Arc<dyn ReadAt>, FileInfo)> {
+        if !remote::is_remote(path) {
+            let Files::Local { local, .. } = self else {
+                // Files::locate names only objects under a remote dataset's prefix.
+                return Err(Error::invalid(format!(
+                    "{}: a remote dataset lists only remote objects",
+                    path.display()
+                )));
+            };
+            let (source, meta) = local.open(path, what, random)?;
+            let info = FileInfo {
+                len: meta.len(),
+                mtime_ns: mtime_ns(&meta),
+            };
+            return Ok((source, info));
+        }
+        if let Files::Local {
+            remote_ok: false, ..
+        } = self
+        {
+            return Err(Error::dataset(
+                path,
+                CorruptKind::Manifest(format!(
+                    "the manifest names this remote object but belongs to another user than \
+                     the one whose credentials would fetch it (uid {}): pack it as that user",
+                    nix::unistd::geteuid()
+                )),
+            ));
+        }
+        let location = location(path)?;
+        let object = RemoteObject::open(&location).map_err(|e| remote_error(path, e))?;
+        let info = FileInfo {
+            len: object.len(),
+            mtime_ns: object.mtime_ns(),
+        };
+        Ok((Arc::new(object), info))
+    }
+}
+
+/// The remote location `path` names.
+fn location(path: &Path) -> Result<Location> {
+    Location::parse(&path.to_string_lossy()).map_err(Error::invalid)
+}
+
+/// A remote open or read that failed.
+fn remote_error(path: &Path, e: remote::StorageError) -> Error {
+    Error::io(path, e.into())
+}
+
 /// Opens and checks one shard with its checksum and document files.
-fn open_shard(
-    dir: &Path,
-    manifest: &Manifest,
-    entry: &ShardEntry,
-    files: &LocalFiles,
-) -> Result<Shard> {
-    let path = dir.join(&entry.path);
+fn open_shard(dir: &Path, manifest: &Manifest, entry: &ShardEntry, files: &Files) -> Result<Shard> {
+    let path = files.locate(dir, &entry.path)?;
     let (source, meta) = files.open(&path, "shard", true)?;
     if let Some(want) = entry.in_place_mtime_ns
         && manifest.version < 4
-        && mtime_ns(&meta) != want
+        && meta.mtime_ns != want
     {
         return Err(Error::dataset(&path, CorruptKind::InPlaceModified));
     }
     // Validated: offset + bytes does not overflow.
-    if meta.len() != entry.offset + entry.bytes {
+    if meta.len != entry.offset + entry.bytes {
         let kind = CorruptKind::ShardSize {
-            actual: meta.len(),
+            actual: meta.len,
             offset: entry.offset,
             bytes: entry.bytes,
         };
@@ -96,7 +222,7 @@ fn open_shard(
     }
     let mut shard = Shard::new(path, entry.bytes, source).with_offset(entry.offset);
     if manifest.version >= 4 {
-        shard.check_in_place(entry, mtime_ns(&meta))?;
+        shard.check_in_place(entry, meta.mtime_ns)?;
     }
     if let Some(c) = &entry.checksums {
         let sums = open_file(dir, files, &c.file, checksum::file_len(entry.bytes))?;
@@ -114,10 +240,10 @@ fn hash(text: &str) -> u64 {
 }
 
 /// Opens a checksum or document file, which must be `want` bytes.
-fn open_file(dir: &Path, files: &LocalFiles, name: &str, want: u64) -> Result<Shard> {
-    let path = dir.join(name);
+fn open_file(dir: &Path, files: &Files, name: &str, want: u64) -> Result<Shard> {
+    let path = files.locate(dir, name)?;
     let (source, meta) = files.open(&path, "document file", false)?;
-    let len = meta.len();
+    let len = meta.len;
     if len != want {
         let kind = CorruptKind::FileSize {
             actual: len,
@@ -129,12 +255,7 @@ fn open_file(dir: &Path, files: &LocalFiles, name: &str, want: u64) -> Result<Sh
 }
 
 /// Opens a shard's document files and their checksum file.
-fn open_docs(
-    dir: &Path,
-    files: &LocalFiles,
-    entry: &ShardEntry,
-    d: &ShardDocs,
-) -> Result<DocFiles> {
+fn open_docs(dir: &Path, files: &Files, entry: &ShardEntry, d: &ShardDocs) -> Result<DocFiles> {
     let sizes = (
         entry.records.checked_mul(ID_BYTES),
         d.entries

@@ -20,6 +20,7 @@ use std::os::unix::fs::FileExt;
 pub(crate) mod access;
 pub(crate) mod fdpool;
 mod local;
+pub(crate) mod remote;
 
 pub(crate) use local::{LocalFiles, read_manifest};
 pub use local::{MAX_MANIFEST_BYTES, mtime_ns};
@@ -29,6 +30,14 @@ pub use local::{MAX_MANIFEST_BYTES, mtime_ns};
 pub trait ReadAt: Send + Sync {
     /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (0 at EOF).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+
+    /// The remote object this reads, if it is one (its reads can be issued together:
+    /// `remote::read_many`). Crate-internal: other implementations keep the default.
+    #[doc(hidden)]
+    #[allow(private_interfaces)]
+    fn as_remote(&self) -> Option<&remote::RemoteObject> {
+        None
+    }
 }
 
 impl ReadAt for File {

@@ -71,6 +71,7 @@ mod provenance;
 mod quarantine;
 mod records;
 mod reftests;
+mod remote;
 mod resume;
 mod rewindow;
 mod scale;

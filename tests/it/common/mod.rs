@@ -7,6 +7,7 @@ pub mod data;
 pub mod mount;
 pub mod read;
 pub mod reference;
+pub mod remote;
 pub mod rng;
 
 pub use data::*;
@@ -15,6 +16,7 @@ pub use read::*;
 pub use reference::{
     Content, Entry, Reference, assert_exact_partition, expected_rows, json_observations, npy_header,
 };
+pub use remote::*;
 pub use rng::*;
 
 /// A proptest configuration: `cases` cases (or `PROPTEST_CASES` when set, for a longer

@@ -1,0 +1,674 @@
+//! Remote storage: datasets and shards at `s3://BUCKET/KEY` (any S3-compatible endpoint) or
+//! `http(s)://HOST/PATH` (any server with Range support), read through `object_store` on a
+//! tokio runtime that lives here and nowhere else: the rest of shufflefs sees [`ReadAt`].
+//!
+//! - [`RemoteObject`] is one object pinned at open by a HEAD: size, ETag and (S3) version id.
+//!   Every GET carries `If-Match: ETAG` (and the version id), so an object replaced after the
+//!   open answers 412 -> [`StorageError::Replaced`] (`EIO`): old and new bytes are never
+//!   mixed; each response's `Content-Range` and ETag are checked too.
+//! - [`read_many`] fetches many ranges of many objects at once: adjacent ranges of an object
+//!   are coalesced (at most `max_request` bytes), every request runs concurrently (bounded by
+//!   one semaphore for the process), and bytes go from the body stream straight into the
+//!   callers' buffers. Every buffer is filled exactly or the call fails; when the deadline
+//!   passes the requests still in flight are dropped (their connections closed) and the call
+//!   fails with [`StorageError::Deadline`].
+//! - Retries (backoff with jitter on timeouts, resets, 5xx, 429 and 503 SlowDown) are
+//!   object_store's; each attempt is counted by `client.rs`'s connector ([`stats`]).
+//! - Errors never carry a URL query, userinfo, response body or credential: object_store's
+//!   errors and builders are never formatted (`client.rs` keeps only the status, the S3 error
+//!   code and the transport error kind).
+//! - A tokio runtime does not survive `fork` (the mount daemon forks after opening the
+//!   dataset): [`quiesce`] stops it first, and the next read builds it again; a process that
+//!   finds one its parent built (a fork elsewhere) builds its own and leaks the parent's.
+//!
+//! S3 settings come from the environment as object_store reads it (`AWS_*`: keys, region,
+//! `AWS_ENDPOINT_URL`, web identity, container credentials, instance metadata) and from the
+//! AWS config and credentials files as the AWS CLI reads them (`aws.rs`: profiles, region,
+//! `endpoint_url`, addressing style, static keys).
+
+use std::collections::HashMap;
+use std::io;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::future::try_join_all;
+use object_store::path::Path as ObjectPath;
+use object_store::{
+    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig,
+};
+use tokio::sync::Semaphore;
+
+use super::ReadAt;
+
+mod aws;
+mod client;
+pub(crate) mod stats;
+
+pub(crate) use client::StorageError;
+use client::{CountingConnector, Probe, sanitize};
+use stats::Stats;
+
+/// How remote reads behave (the mount's flags; [`configure`] sets them for the process).
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    /// A read (all the ranges of one call) that has not completed within this fails (`EIO`).
+    pub read_timeout: Duration,
+    /// Concurrent HTTP requests of the whole process.
+    pub max_inflight: usize,
+    /// Upper bound of one coalesced request.
+    pub max_request: u64,
+    /// One attempt (connect, headers and body) must finish within this; then it is retried.
+    pub attempt_timeout: Duration,
+    /// Connecting must finish within this; then it is retried.
+    pub connect_timeout: Duration,
+    /// Most retries of one request (the read deadline bounds them too).
+    pub max_retries: usize,
+    /// Tokio worker threads.
+    pub workers: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            read_timeout: Duration::from_secs(60),
+            max_inflight: 64,
+            max_request: 8 << 20,
+            attempt_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(3),
+            max_retries: 20,
+            workers: 2,
+        }
+    }
+}
+
+impl Config {
+    fn client_options(&self) -> ClientOptions {
+        ClientOptions::new()
+            .with_timeout(self.attempt_timeout)
+            .with_connect_timeout(self.connect_timeout)
+            .with_pool_max_idle_per_host(self.max_inflight)
+            .with_pool_idle_timeout(Duration::from_secs(60))
+    }
+
+    fn retry(&self) -> RetryConfig {
+        RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(50),
+                max_backoff: Duration::from_secs(2),
+                base: 2.0,
+            },
+            max_retries: self.max_retries,
+            retry_timeout: self.read_timeout,
+        }
+    }
+}
+
+/// The process's configuration, runtime and stores.
+struct Process {
+    config: Config,
+    /// The runtime and the stores of the process that built them (see the module docs).
+    built: Option<Built>,
+}
+
+struct Built {
+    pid: u32,
+    rt: Arc<tokio::runtime::Runtime>,
+    /// By store base (`s3://BUCKET/`, `https://HOST[:PORT]/`).
+    stores: HashMap<String, Arc<dyn ObjectStore>>,
+    semaphore: Arc<Semaphore>,
+}
+
+fn process() -> std::sync::MutexGuard<'static, Process> {
+    static PROCESS: OnceLock<Mutex<Process>> = OnceLock::new();
+    PROCESS
+        .get_or_init(|| {
+            Mutex::new(Process {
+                config: Config::default(),
+                built: None,
+            })
+        })
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// The counters of every remote read of the process (`stats.json`'s `remote`).
+pub(crate) fn stats() -> &'static Stats {
+    static STATS: OnceLock<Stats> = OnceLock::new();
+    STATS.get_or_init(Stats::default)
+}
+
+/// Sets how remote reads behave from now on (before the first remote open).
+pub(crate) fn configure(config: Config) {
+    let mut p = process();
+    p.config = config;
+}
+
+/// Stops the runtime and its threads (and drops every client) before the process forks: the
+/// next remote read, in either process, builds them again. Pinned objects stay valid.
+pub(crate) fn quiesce() {
+    let built = process().built.take();
+    if let Some(built) = built {
+        if built.pid != std::process::id() {
+            std::mem::forget(built);
+            return;
+        }
+        let Built { rt, stores, .. } = built;
+        drop(stores);
+        match Arc::try_unwrap(rt) {
+            Ok(rt) => rt.shutdown_timeout(Duration::from_secs(5)),
+            Err(rt) => std::mem::forget(rt),
+        }
+    }
+}
+
+/// The current configuration.
+fn config() -> Config {
+    process().config.clone()
+}
+
+/// Whether `path` names a remote object or prefix (`s3://`, `http://`, `https://`).
+pub(crate) fn is_remote(path: &Path) -> bool {
+    path.to_str().is_some_and(|s| {
+        s.starts_with("s3://") || s.starts_with("http://") || s.starts_with("https://")
+    })
+}
+
+/// A remote location: the store's base (`s3://BUCKET/` or `http(s)://HOST[:PORT]/`) and the
+/// key inside it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Location {
+    base: String,
+    key: String,
+}
+
+impl Location {
+    /// Parses an `s3://BUCKET/KEY` or `http(s)://HOST[:PORT]/PATH` URL. URLs with userinfo,
+    /// a query or a fragment are refused: their secrets would reach messages and `info.json`.
+    pub(crate) fn parse(url: &str) -> std::result::Result<Location, String> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .filter(|(s, _)| matches!(*s, "s3" | "http" | "https"))
+            .ok_or_else(|| format!("{}: not an s3:// or http(s):// URL", redact_url(url)))?;
+        if rest.contains(['?', '#']) || rest.split('/').next().unwrap_or("").contains('@') {
+            return Err(format!(
+                "{}: a dataset URL may not carry user information, a query or a fragment \
+                 (credentials belong in the environment or the AWS files)",
+                redact_url(url)
+            ));
+        }
+        let (host, key) = rest.split_once('/').unwrap_or((rest, ""));
+        if host.is_empty() {
+            return Err(format!(
+                "{url}: no {}",
+                if scheme == "s3" { "bucket" } else { "host" }
+            ));
+        }
+        let key = key.trim_matches('/');
+        if key.split('/').any(|seg| seg == "." || seg == "..") || key.contains("//") {
+            return Err(format!(
+                "{url}: '.', '..' and empty path segments are not allowed"
+            ));
+        }
+        Ok(Location {
+            base: format!("{scheme}://{host}/"),
+            key: key.to_string(),
+        })
+    }
+
+    /// The location of `name` (a relative path with `/`) inside this one.
+    pub(crate) fn join(&self, name: &str) -> std::result::Result<Location, String> {
+        let joined = if self.key.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}/{name}", self.key)
+        };
+        Location::parse(&format!("{}{joined}", self.base))
+    }
+
+    /// The URL (no secrets: [`Location::parse`] refused them).
+    pub(crate) fn url(&self) -> String {
+        format!("{}{}", self.base, self.key)
+    }
+
+    /// As a path (how datasets name their files).
+    pub(crate) fn path(&self) -> PathBuf {
+        PathBuf::from(self.url())
+    }
+}
+
+/// Drops userinfo, query and fragment from a URL (for messages about URLs refused).
+pub(crate) fn redact_url(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let rest = rest.split(['?', '#']).next().unwrap_or("");
+    let (host, path) = rest
+        .split_once('/')
+        .map(|(h, p)| (h, format!("/{p}")))
+        .unwrap_or((rest, String::new()));
+    let host = host.rsplit_once('@').map(|(_, h)| h).unwrap_or(host);
+    format!("{scheme}://{host}{path}")
+}
+
+/// Installs ring as rustls's crypto provider (reqwest refuses to build a client without one).
+fn init_crypto() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// What a request needs: the runtime, the process's request semaphore and a store.
+type Client = (
+    Arc<tokio::runtime::Runtime>,
+    Arc<Semaphore>,
+    Arc<dyn ObjectStore>,
+);
+
+/// A coalesced request: the object, the byte range fetched and the buffers it fills.
+type Group<'a> = (&'a RemoteObject, Range<u64>, Vec<(u64, &'a mut [u8])>);
+
+/// The runtime, semaphore and store for `base` in this process (built on first use, and again
+/// after a fork).
+fn store_for(base: &str) -> std::result::Result<Client, StorageError> {
+    let mut p = process();
+    let pid = std::process::id();
+    if p.built.as_ref().is_some_and(|b| b.pid != pid) {
+        // Built by the parent before the fork: its threads are gone here. Dropping the
+        // runtime would wait for them forever; leak it.
+        std::mem::forget(p.built.take());
+    }
+    let config = p.config.clone();
+    if p.built.is_none() {
+        init_crypto();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(config.workers.max(1))
+            .thread_name("shufflefs-remote")
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| StorageError::Remote {
+                name: base.to_string(),
+                what: format!("cannot start the I/O runtime: {e}"),
+            })?;
+        p.built = Some(Built {
+            pid,
+            rt: Arc::new(rt),
+            stores: HashMap::new(),
+            semaphore: Arc::new(Semaphore::new(config.max_inflight.max(1))),
+        });
+    }
+    let built = p.built.as_mut().expect("built above");
+    if let Some(store) = built.stores.get(base) {
+        return Ok((built.rt.clone(), built.semaphore.clone(), store.clone()));
+    }
+    // reqwest's client registers with the runtime it is built in.
+    let store = {
+        let _guard = built.rt.enter();
+        build_store(base, &config)?
+    };
+    built.stores.insert(base.to_string(), store.clone());
+    Ok((built.rt.clone(), built.semaphore.clone(), store))
+}
+
+/// Builds the client of `base`.
+fn build_store(
+    base: &str,
+    config: &Config,
+) -> std::result::Result<Arc<dyn ObjectStore>, StorageError> {
+    let connector = CountingConnector;
+    let fail = |what: String| StorageError::Remote {
+        name: base.to_string(),
+        what,
+    };
+    if let Some(bucket) = base.strip_prefix("s3://") {
+        let bucket = bucket.trim_end_matches('/');
+        let resolved = aws::resolve_from_process().map_err(fail)?;
+        // from_env reads AWS_* (keys, region, endpoint, web identity, container and instance
+        // credentials); the files fill what it leaves unset. Client options are set first:
+        // with_client_options after from_env would drop AWS_ALLOW_HTTP.
+        let mut options = config.client_options();
+        let mut builder = object_store::aws::AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .with_retry(config.retry())
+            .with_http_connector(connector);
+        if let Some(region) = &resolved.region {
+            builder = builder.with_region(region);
+        }
+        if let Some(endpoint) = &resolved.endpoint {
+            builder = builder.with_endpoint(endpoint);
+            if endpoint.starts_with("http://") {
+                options = options.with_allow_http(true);
+            }
+        }
+        if let Some(virtual_hosted) = resolved.virtual_hosted {
+            builder = builder.with_virtual_hosted_style_request(virtual_hosted);
+        }
+        if let Some((id, secret, token)) = &resolved.keys {
+            builder = builder
+                .with_access_key_id(id)
+                .with_secret_access_key(secret);
+            if let Some(token) = token {
+                builder = builder.with_token(token);
+            }
+        }
+        let store = builder
+            .with_client_options(options)
+            .build()
+            .map_err(|e| sanitize(base, &e, None))?;
+        return Ok(Arc::new(store));
+    }
+    let options = config
+        .client_options()
+        .with_allow_http(base.starts_with("http://"));
+    let store = object_store::http::HttpBuilder::new()
+        .with_url(base.trim_end_matches('/'))
+        .with_client_options(options)
+        .with_retry(config.retry())
+        .with_http_connector(connector)
+        .build()
+        .map_err(|e| sanitize(base, &e, None))?;
+    Ok(Arc::new(store))
+}
+
+/// Runs `fut` on the runtime until it completes or `deadline` passes (`None`).
+fn run_until<F: std::future::Future>(
+    rt: &tokio::runtime::Runtime,
+    deadline: Instant,
+    fut: F,
+) -> Option<F::Output> {
+    rt.block_on(async move { tokio::time::timeout_at(deadline.into(), fut).await.ok() })
+}
+
+/// One object pinned at open (see the module docs).
+pub(crate) struct RemoteObject {
+    location: Location,
+    path: ObjectPath,
+    size: u64,
+    etag: Option<String>,
+    version: Option<String>,
+    /// Last modification, in nanoseconds since the epoch (0: unknown).
+    mtime_ns: u64,
+}
+
+impl std::fmt::Debug for RemoteObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteObject")
+            .field("url", &self.location.url())
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl RemoteObject {
+    /// Opens (HEADs) the object at `location` and pins it.
+    pub(crate) fn open(location: &Location) -> std::result::Result<RemoteObject, StorageError> {
+        let name = location.url();
+        let (rt, _, store) = store_for(&location.base)?;
+        let path = ObjectPath::from(location.key.as_str());
+        let deadline = Instant::now() + config().read_timeout;
+        stats().requests.fetch_add(1, Relaxed);
+        let head = {
+            let path = path.clone();
+            async move { store.head(&path).await }
+        };
+        let meta = match run_until(&rt, deadline, head) {
+            None => {
+                stats().deadline_exceeded.fetch_add(1, Relaxed);
+                return Err(StorageError::Deadline {
+                    name,
+                    after: config().read_timeout,
+                });
+            }
+            Some(Err(e)) => {
+                stats().errors.fetch_add(1, Relaxed);
+                return Err(sanitize(&name, &e, None));
+            }
+            Some(Ok(meta)) => meta,
+        };
+        // A weak ETag never matches If-Match (strong comparison): pin by size only then.
+        let etag = meta.e_tag.filter(|t| !t.starts_with("W/"));
+        Ok(RemoteObject {
+            location: location.clone(),
+            path,
+            size: meta.size,
+            etag,
+            version: meta.version,
+            mtime_ns: meta
+                .last_modified
+                .timestamp_nanos_opt()
+                .map_or(0, |n| n.max(0) as u64),
+        })
+    }
+
+    /// The object's size when it was opened.
+    pub(crate) fn len(&self) -> u64 {
+        self.size
+    }
+
+    /// Last modification (nanoseconds since the epoch; 0 when the store does not say).
+    pub(crate) fn mtime_ns(&self) -> u64 {
+        self.mtime_ns
+    }
+
+    /// The object's URL.
+    pub(crate) fn url(&self) -> String {
+        self.location.url()
+    }
+
+    /// Reads the whole object (a manifest: at most `max` bytes, else an error).
+    pub(crate) fn read_all(&self, max: u64) -> std::result::Result<Vec<u8>, StorageError> {
+        if self.size > max {
+            return Err(StorageError::Remote {
+                name: self.url(),
+                what: format!(
+                    "{} bytes, more than the {max} a manifest may have",
+                    self.size
+                ),
+            });
+        }
+        let mut bytes = vec![0u8; self.size as usize];
+        read_many(&mut [(self, 0, &mut bytes[..])])?;
+        Ok(bytes)
+    }
+
+    /// GETs `range` and copies it into `parts` (each `(offset, buf)` inside the range).
+    async fn fetch(
+        &self,
+        store: &dyn ObjectStore,
+        semaphore: &Semaphore,
+        range: Range<u64>,
+        parts: &mut [(u64, &mut [u8])],
+    ) -> std::result::Result<(), StorageError> {
+        let name = self.url();
+        let _permit = semaphore
+            .acquire()
+            .await
+            .map_err(|_| StorageError::Remote {
+                name: name.clone(),
+                what: "the I/O runtime is shutting down".into(),
+            })?;
+        let s = stats();
+        let inflight = s.inflight.fetch_add(1, Relaxed) + 1;
+        s.max_inflight.fetch_max(inflight, Relaxed);
+        struct Leave;
+        impl Drop for Leave {
+            fn drop(&mut self) {
+                stats().inflight.fetch_sub(1, Relaxed);
+            }
+        }
+        let _leave = Leave;
+        s.requests.fetch_add(1, Relaxed);
+        let started = Instant::now();
+        let probe = Probe::default();
+        let mut options = GetOptions {
+            range: Some(GetRange::Bounded(range.clone())),
+            if_match: self.etag.clone(),
+            version: self.version.clone(),
+            ..Default::default()
+        };
+        options.extensions.insert(probe.clone());
+        let response = store
+            .get_opts(&self.path, options)
+            .await
+            .map_err(|e| sanitize(&name, &e, Some(&probe)))?;
+        if response.range != range || (self.etag.is_some() && response.meta.e_tag != self.etag) {
+            return Err(StorageError::Replaced { name });
+        }
+        let mut body = response.into_stream();
+        let mut pos = range.start;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| sanitize(&name, &e, Some(&probe)))?;
+            let end = pos + chunk.len() as u64;
+            if end > range.end {
+                return Err(StorageError::Remote {
+                    name,
+                    what: "the response has more bytes than asked".into(),
+                });
+            }
+            for (offset, buf) in parts.iter_mut() {
+                let (start, stop) = ((*offset).max(pos), (*offset + buf.len() as u64).min(end));
+                if start < stop {
+                    buf[(start - *offset) as usize..(stop - *offset) as usize]
+                        .copy_from_slice(&chunk[(start - pos) as usize..(stop - pos) as usize]);
+                }
+            }
+            pos = end;
+        }
+        if pos != range.end {
+            return Err(StorageError::Short {
+                name,
+                want: range.end - range.start,
+                got: pos - range.start,
+            });
+        }
+        s.bytes.fetch_add(range.end - range.start, Relaxed);
+        s.latency.record(started.elapsed());
+        Ok(())
+    }
+}
+
+impl ReadAt for RemoteObject {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        if offset >= self.size {
+            return Ok(0);
+        }
+        let n = buf.len().min((self.size - offset) as usize);
+        read_many(&mut [(self, offset, &mut buf[..n])])?;
+        Ok(n)
+    }
+
+    fn as_remote(&self) -> Option<&RemoteObject> {
+        Some(self)
+    }
+}
+
+/// Fills every `(object, offset, buf)` with the object's bytes at `offset`, all at once (see
+/// the module docs), or fails naming an object; never partly.
+pub(crate) fn read_many(
+    reads: &mut [(&RemoteObject, u64, &mut [u8])],
+) -> std::result::Result<(), StorageError> {
+    let config = config();
+    let started = Instant::now();
+    let deadline = started + config.read_timeout;
+    for (object, offset, buf) in reads.iter() {
+        let len = buf.len() as u64;
+        if offset.checked_add(len).is_none_or(|end| end > object.size) {
+            return Err(StorageError::OutOfRange {
+                name: object.url(),
+                offset: *offset,
+                len,
+                size: object.size,
+            });
+        }
+    }
+    let Some(first) = reads.iter().find(|r| !r.2.is_empty()).map(|r| r.0) else {
+        return Ok(());
+    };
+    let (rt, semaphore, _) = store_for(&first.location.base)?;
+    // Group by object, then coalesce adjacent or overlapping ranges of each.
+    let mut parts: Vec<(&RemoteObject, u64, &mut [u8])> = reads
+        .iter_mut()
+        .filter(|r| !r.2.is_empty())
+        .map(|(o, off, buf)| (*o, *off, &mut **buf))
+        .collect();
+    // Same object together (by address), by offset inside it.
+    parts.sort_by_key(|a| (std::ptr::from_ref(a.0).addr(), a.1));
+    let mut groups: Vec<Group<'_>> = Vec::new();
+    for (object, offset, buf) in parts {
+        let end = offset + buf.len() as u64;
+        if let Some((o, range, members)) = groups.last_mut()
+            && std::ptr::eq(*o, object)
+            && offset <= range.end
+            && range.end.max(end) - range.start <= config.max_request
+        {
+            range.end = range.end.max(end);
+            members.push((offset, buf));
+            continue;
+        }
+        groups.push((object, offset..end, vec![(offset, buf)]));
+    }
+    let mut stores = Vec::with_capacity(groups.len());
+    for (object, _, _) in &groups {
+        stores.push(store_for(&object.location.base)?.2);
+    }
+    let fetches = groups
+        .iter_mut()
+        .zip(&stores)
+        .map(|((object, range, members), store)| {
+            object.fetch(store.as_ref(), &semaphore, range.clone(), members)
+        });
+    let all = try_join_all(fetches);
+    let s = stats();
+    match run_until(&rt, deadline, all) {
+        Some(Ok(_)) => Ok(()),
+        Some(Err(e)) => {
+            s.errors.fetch_add(1, Relaxed);
+            if matches!(e, StorageError::Replaced { .. }) {
+                s.replaced.fetch_add(1, Relaxed);
+            }
+            log::warn!("{e}");
+            Err(e)
+        }
+        None => {
+            s.deadline_exceeded.fetch_add(1, Relaxed);
+            s.errors.fetch_add(1, Relaxed);
+            let e = StorageError::Deadline {
+                name: first.url(),
+                after: started.elapsed(),
+            };
+            log::warn!("{e}");
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_parse_join_and_refuse_secrets() {
+        let l = Location::parse("s3://bucket/a/b/").unwrap();
+        assert_eq!(l.url(), "s3://bucket/a/b");
+        assert_eq!(l.join("c.bin").unwrap().url(), "s3://bucket/a/b/c.bin");
+        let h = Location::parse("http://127.0.0.1:8080/data").unwrap();
+        assert_eq!(h.base, "http://127.0.0.1:8080/");
+        assert_eq!(h.join("x/y").unwrap().key, "data/x/y");
+        for bad in [
+            "https://user:pw@host/ds",
+            "https://host/ds?X-Amz-Signature=abc",
+            "https://host/ds#frag",
+            "s3:///ds",
+            "s3://b/a/../c",
+            "ftp://host/x",
+        ] {
+            let e = Location::parse(bad).unwrap_err();
+            assert!(!e.contains("pw") && !e.contains("abc"), "{e}");
+        }
+        assert!(Location::parse("s3://b/ds").unwrap().join("../x").is_err());
+        assert_eq!(redact_url("https://u:p@h:1/a/b?tok=1"), "https://h:1/a/b");
+    }
+}
