@@ -271,9 +271,6 @@ impl View {
     }
 }
 
-/// The size of an observation file: its header and `records` records of `itemsize` bytes (a
-/// document too long to be one file, which only a conversion to a wider type can make, is an
-/// error, not a wrapped size).
 /// Fills `buf` with the bytes from `offset` of a `.npy` made of `header` and `rows` rows of
 /// `row_bytes` bytes, and returns how many that is (`min(buf.len(), len - offset)`, 0 at or
 /// past the end). `row(r, within, out)` writes bytes `[within, within + out.len())` of row `r`;
@@ -330,6 +327,9 @@ pub(super) fn rows_touched(
     (start < end).then(|| start / row_bytes..end.div_ceil(row_bytes))
 }
 
+/// The size of an observation file: its header and `records` records of `itemsize` bytes (a
+/// document too long to be one file, which only a conversion to a wider type can make, is an
+/// error, not a wrapped size).
 fn observation_bytes(header: &[u8], records: u64, itemsize: u64) -> Result<u64> {
     records
         .checked_mul(itemsize)
