@@ -26,6 +26,8 @@ struct Stats {
     cache_enabled: bool,
     prefetch_active: bool,
     prefill: Option<PrefillStats>,
+    /// Remote reads of the process (`null` before the first).
+    remote: Option<serde_json::Value>,
 }
 
 /// The bytes of `stats.json` (see the module docs; `padded` with `--prefill`).
@@ -42,6 +44,7 @@ pub(crate) fn render(
             .iter()
             .find_map(|p| p.prefill())
             .map(|p| p.stats()),
+        remote: crate::storage::remote::stats().json(),
     };
     let mut out = serde_json::to_vec_pretty(&stats).expect("stats serialize");
     if padded {
@@ -78,6 +81,7 @@ mod tests {
             cache_enabled: true,
             prefetch_active: false,
             prefill: Some(prefill),
+            remote: Some(serde_json::json!({"requests": 1})),
         };
         // How stats.json was made before it was a struct: a serde_json::Value, whose maps
         // sort their keys.
@@ -86,6 +90,7 @@ mod tests {
             "cache": cache.stats(),
             "prefetch_active": false,
             "prefill": prefill,
+            "remote": {"requests": 1},
         });
         assert_eq!(
             serde_json::to_vec_pretty(&stats).unwrap(),

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use crate::error::{CorruptKind, Error, Result};
 use crate::format::Manifest;
 use crate::format::dtype::RecordType;
+use crate::storage::remote::{self, RemoteObject};
 
 mod documents;
 mod open;
@@ -184,6 +185,63 @@ impl Dataset {
         let mut buf = vec![0u8; self.record.itemsize()];
         self.read_stream(record * buf.len() as u64, &mut buf)?;
         Ok(self.record.token_value(&buf))
+    }
+
+    /// Reads each `(dataset, offset, buf)`: `buf.len()` bytes of the dataset's stream at byte
+    /// `offset`. The pieces in remote objects are fetched all at once (`remote::read_many`),
+    /// local ones read in turn; with verified reads each is a [`Dataset::read_stream`].
+    pub(crate) fn read_many(reads: &mut [(&Dataset, u64, &mut [u8])]) -> Result<()> {
+        let mut remote: Vec<(&RemoteObject, u64, &mut [u8])> = Vec::new();
+        for (dataset, offset, buf) in reads.iter_mut() {
+            let (dataset, offset) = (*dataset, *offset);
+            if dataset.verify_reads {
+                dataset.read_stream(offset, buf)?;
+                continue;
+            }
+            dataset.check_range(offset, buf.len())?;
+            let mut index = dataset.ends.partition_point(|&e| e <= offset);
+            let mut pos = offset;
+            let mut rest: &mut [u8] = buf;
+            while !rest.is_empty() {
+                let shard = &dataset.shards[index];
+                let shard_start = dataset.ends[index] - shard.len();
+                let take = ((dataset.ends[index] - pos) as usize).min(rest.len());
+                let (piece, tail) = std::mem::take(&mut rest).split_at_mut(take);
+                match shard.remote_at(pos - shard_start) {
+                    Some((object, at)) => remote.push((object, at, piece)),
+                    None => shard.read_exact_at(piece, pos - shard_start)?,
+                }
+                rest = tail;
+                pos += take as u64;
+                index += 1;
+            }
+        }
+        if !remote.is_empty() {
+            remote::read_many(&mut remote)
+                .map_err(|e| Error::io(PathBuf::from(e.name()), e.into()))?;
+        }
+        Ok(())
+    }
+
+    /// Whether some shard is a remote object.
+    pub(crate) fn is_remote(&self) -> bool {
+        self.shards.iter().any(|s| s.remote_at(0).is_some())
+    }
+
+    /// Checks that `len` bytes at stream byte `offset` exist.
+    fn check_range(&self, offset: u64, len: usize) -> Result<()> {
+        offset
+            .checked_add(len as u64)
+            .filter(|&e| e <= self.n_bytes())
+            .map(|_| ())
+            .ok_or_else(|| {
+                let kind = CorruptKind::PastEnd {
+                    len,
+                    offset,
+                    stream: self.n_bytes(),
+                };
+                Error::dataset(&self.dir, kind)
+            })
     }
 
     /// Reads `buf.len()` bytes of the stream starting at byte `offset`: one positioned read

@@ -23,6 +23,7 @@ use crate::error::{CorruptKind, Error, Result};
 use crate::format::checksum;
 use crate::format::{self, ShardEntry};
 use crate::storage::ReadAt;
+use crate::storage::remote::RemoteObject;
 
 /// One shard: where it lives, how long it is, and how to read it.
 pub struct Shard {
@@ -143,6 +144,12 @@ impl Shard {
     /// The block checksum file, if any.
     pub(crate) fn sums(&self) -> Option<&Shard> {
         self.sums.as_deref()
+    }
+
+    /// The remote object this shard's bytes are in, and where byte `offset` of the shard is in
+    /// it (`None`: not remote).
+    pub(super) fn remote_at(&self, offset: u64) -> Option<(&RemoteObject, u64)> {
+        self.source.as_remote().map(|o| (o, self.offset + offset))
     }
 
     /// Fills `buf` from `offset` (see `Shard::read_exact_at`), public for `shufflefs verify`.

@@ -29,6 +29,7 @@ use crate::shuffle::plan::{Plan, StepKey};
 use crate::tree::{DEFAULT_MAX_LISTING, Shape};
 
 mod convert;
+mod gather;
 mod info;
 mod json;
 mod masks;
@@ -171,6 +172,9 @@ pub struct View {
     bos_record: Vec<u8>,
     /// A mixture of datasets (`--config`): the sources and the mixture plan.
     mixed: Option<Box<mixture::Mixed>>,
+    /// Some file of the dataset (of a source, for a mixture) is remote: the ranges of a step
+    /// are fetched together (`gather.rs`).
+    remote: bool,
     info: Info,
     info_json: Vec<u8>,
 }
@@ -288,6 +292,7 @@ impl View {
             packed,
             bos_record,
             mixed: None,
+            remote: dataset.is_remote(),
             info_json: info.to_json(),
             dataset,
             plan,
@@ -461,6 +466,7 @@ impl View {
             bos_record: Vec::new(),
             info_json: Vec::new(),
             info,
+            remote: mixed.sources.iter().any(|(_, v)| v.remote),
             mixed: Some(Box::new(mixed)),
         };
         let mut view = view;

@@ -17,6 +17,15 @@ impl View {
     /// many bytes that is: `min(buf.len(), len - offset)`, 0 at or past the end. Only the
     /// shard bytes of the rows the range covers are read, one pread per row piece.
     pub fn read_step_npy(&self, key: StepKey, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        if self.remote {
+            // Every range of the step at once (gather.rs).
+            return super::gather::deferred(buf, |buf| self.read_step_npy_now(key, offset, buf));
+        }
+        self.read_step_npy_now(key, offset, buf)
+    }
+
+    /// [`View::read_step_npy`], each range read when it is reached.
+    fn read_step_npy_now(&self, key: StepKey, offset: u64, buf: &mut [u8]) -> Result<usize> {
         if let Some(packed) = &self.packed {
             return self.read_packed_npy(packed, key, offset, buf);
         }
@@ -253,19 +262,26 @@ impl View {
     /// `--out-dtype`, the whole records the range touches read and converted.
     pub(super) fn read_records(&self, first: u64, within: u64, out: &mut [u8]) -> Result<()> {
         let Some(convert) = self.out else {
-            return self
-                .dataset
-                .read_stream(first * self.itemsize + within, out);
+            let at = first * self.itemsize + within;
+            if super::gather::note(&self.dataset, at, out, None) {
+                return Ok(());
+            }
+            return self.dataset.read_stream(at, out);
         };
         let size = self.out_itemsize;
         let (e0, e1) = (within / size, (within + out.len() as u64).div_ceil(size));
         let n = (e1 - e0) as usize;
+        let skip = (within - e0 * size) as usize;
+        let at = (first + e0) * self.itemsize;
+        let noted = (convert, first + e0, skip, n * self.itemsize as usize);
+        if super::gather::note(&self.dataset, at, out, Some(noted)) {
+            return Ok(());
+        }
         let mut src = vec![0u8; n * self.itemsize as usize];
         self.dataset
             .read_stream((first + e0) * self.itemsize, &mut src)?;
         let mut dst = vec![0u8; n * size as usize];
         convert.convert(&src, &mut dst, first + e0)?;
-        let skip = (within - e0 * size) as usize;
         out.copy_from_slice(&dst[skip..skip + out.len()]);
         Ok(())
     }

@@ -8,6 +8,7 @@ use serde_json::Value;
 use shufflefs::plan::StepKey;
 use shufflefs::view::{Mode, View, ViewConfig};
 
+use crate::common::proxy;
 use crate::common::*;
 
 /// S.json without `files` (local paths there, URLs here).
@@ -127,4 +128,217 @@ fn s3_datasets_mount_and_serve_the_bytes_of_local_disk() {
     assert_eq!(info["fingerprint"].as_str(), Some(local.fingerprint()));
     assert_eq!(info["dataset"].as_str(), Some("s3://train/sets/ds"));
     unmount(mnt.path());
+}
+
+/// The positional dataset `data` over HTTP through a fault proxy in front of nginx: the proxy,
+/// the server (kept alive) and the dataset's URL through the proxy.
+fn behind_proxy(data: &Data) -> Option<(proxy::FaultProxy, Nginx, String)> {
+    let root = Path::new("/");
+    let nginx = Nginx::start(root)?;
+    let p = proxy::FaultProxy::start(nginx.addr);
+    let url = url_of(&p.url(), root, &data.path());
+    Some((p, nginx, url))
+}
+
+#[test]
+fn http_reads_survive_resets_throttling_and_truncated_bodies() {
+    use proxy::Fault::*;
+    let data = Data::positional(40_000, 4096 * 4);
+    let Some((p, _nginx, url)) = behind_proxy(&data) else {
+        return;
+    };
+    let cfg = config(65, 64, 8, 2, 21, 1);
+    let local = View::open(&data.path(), &cfg).unwrap();
+    // The opens (HEADs) pass; then ranged reads meet every kind of transient fault.
+    let faults = [
+        Reset, SlowDown, Truncate, Status500, SlowDown, SlowDown, Reset, Truncate, SlowDown,
+    ];
+    p.set(std::time::Duration::ZERO, &faults, true);
+    let remote = View::open(Path::new(&url), &cfg).unwrap();
+    assert_same_steps(&local, &remote);
+    assert_eq!(
+        p.faults(),
+        faults.len() as u64,
+        "every fault was met and retried"
+    );
+    let fs = shufflefs::ShuffleFs::new(View::open(Path::new(&url), &cfg).unwrap()).unwrap();
+    let stats: Value = serde_json::from_slice(&read_path(&fs, "/stats.json").unwrap()).unwrap();
+    assert!(
+        stats["remote"]["retries"].as_u64() >= Some(faults.len() as u64),
+        "{stats}"
+    );
+    // With latency on every request, the rows of a step are fetched at once, not in turn.
+    p.set(std::time::Duration::from_millis(30), &[], true);
+    let key = StepKey {
+        epoch: 0,
+        rank: 1,
+        step: 3,
+    };
+    assert_eq!(
+        remote.render_step_npy(key).unwrap(),
+        local.render_step_npy(key).unwrap()
+    );
+    assert!(
+        p.max_in_flight() >= 4,
+        "8 rows in flight together, saw at most {}",
+        p.max_in_flight()
+    );
+}
+
+#[test]
+fn a_stalled_read_fails_by_its_deadline_and_a_replaced_object_is_refused() {
+    let data = Data::positional(40_000, 4096 * 4);
+    let Some((p, _nginx, url)) = behind_proxy(&data) else {
+        return;
+    };
+    if !fuse_available() {
+        return;
+    }
+    let cfg = config(65, 64, 8, 2, 21, 1);
+    let local = View::open(&data.path(), &cfg).unwrap();
+    let mnt = MountDir::new();
+    let log = data.dir.path().join("mount.log");
+    shufflefs_ok(&[
+        "mount",
+        &url,
+        s(mnt.path()),
+        "--window",
+        "65",
+        "--stride",
+        "64",
+        "--batch-size",
+        "8",
+        "--ranks",
+        "2",
+        "--seed",
+        "21",
+        "--read-timeout",
+        "2",
+        "--cache-size",
+        "0",
+        "--log-file",
+        s(&log),
+    ]);
+    let read = |step: u64| std::fs::read(step_path(mnt.path(), 0, 0, step, "npy"));
+    let want = |step: u64| {
+        local
+            .render_step_npy(StepKey {
+                epoch: 0,
+                rank: 0,
+                step,
+            })
+            .unwrap()
+    };
+    assert_eq!(read(0).unwrap(), want(0));
+    // Every request stalls: the read fails with EIO at its deadline (2 s), not later.
+    p.always(Some(proxy::Fault::Stall));
+    let started = std::time::Instant::now();
+    let e = read(1).unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(
+        took < std::time::Duration::from_secs(3 + 5),
+        "EIO after {took:?}"
+    );
+    // Once the store answers again, the same step is served exactly.
+    p.always(None);
+    assert_eq!(read(1).unwrap(), want(1));
+    // The object changes on the server (nginx's ETag is mtime and size): refused, not mixed.
+    let shard = shard_paths(&data.path())[0].clone();
+    let f = std::fs::File::options().write(true).open(&shard).unwrap();
+    f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(60))
+        .unwrap();
+    drop(f);
+    let refused = (0..local.plan().steps_per_epoch())
+        .filter(|&st| read(st).is_err_and(|e| e.raw_os_error() == Some(libc::EIO)))
+        .count();
+    assert!(refused > 0, "a step that reads the replaced shard fails");
+    // stats.json counts it all.
+    let stats: Value =
+        serde_json::from_slice(&std::fs::read(mnt.path().join("stats.json")).unwrap()).unwrap();
+    let r = &stats["remote"];
+    assert!(r["deadline_exceeded"].as_u64() >= Some(1), "{stats}");
+    assert!(r["replaced"].as_u64() >= Some(1), "{stats}");
+    assert!(r["requests"].as_u64() > Some(2), "{stats}");
+    assert!(r["bytes"].as_u64() > Some(0), "{stats}");
+    assert!(r["latency_ms_p50"].as_f64().is_some() && r["latency_ms_p99"].as_f64().is_some());
+    unmount(mnt.path());
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log.contains("changed since it was opened") && log.contains("shard"),
+        "the log names the object: {log}"
+    );
+}
+
+#[test]
+fn credentials_never_reach_logs_errors_or_the_tree() {
+    let data = Data::positional(20_000, 4096 * 2);
+    let Some(moto) = Moto::start() else {
+        return;
+    };
+    moto.upload("secret", &data.path(), "ds");
+    let p = proxy::FaultProxy::start(moto.addr);
+    const SECRET: &str = "Sekr1tAccessKeyValue0000";
+    const TOKEN: &str = "T0kenSessionValue9999";
+    let env = |cmd: &mut std::process::Command| {
+        cmd.envs(moto.env(&p.url()))
+            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+            .env("AWS_SESSION_TOKEN", TOKEN)
+            .env("RUST_LOG", "debug");
+    };
+    let clean = |what: &str, text: &str| {
+        assert!(
+            !text.contains(SECRET) && !text.contains(TOKEN),
+            "{what} leaks a credential: {text}"
+        );
+    };
+    // The store answers 403 echoing the signed request (session token included): the error
+    // says access is denied and nothing else.
+    p.always(Some(proxy::Fault::Echo403));
+    let mut cmd = command(&[
+        "plan",
+        "s3://secret/ds",
+        "--window",
+        "9",
+        "--batch-size",
+        "2",
+        "--info",
+    ]);
+    env(&mut cmd);
+    let o = cmd.output().unwrap();
+    assert!(!o.status.success());
+    clean("an error", &stderr(&o));
+    assert!(stderr(&o).contains("access denied"), "{}", stderr(&o));
+    p.always(None);
+    if !fuse_available() {
+        return;
+    }
+    let mnt = MountDir::new();
+    let log = data.dir.path().join("mount.log");
+    let mut cmd = command(&[
+        "mount",
+        "s3://secret/ds",
+        s(mnt.path()),
+        "--window",
+        "9",
+        "--batch-size",
+        "2",
+        "--cache-size",
+        "0",
+        "--log-file",
+        s(&log),
+    ]);
+    env(&mut cmd);
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    clean("mount's output", &stderr(&o));
+    p.always(Some(proxy::Fault::Echo403));
+    assert!(std::fs::read(step_path(mnt.path(), 0, 0, 1, "npy")).is_err());
+    p.always(None);
+    for file in ["info.json", "stats.json", "epoch/0/rank/0/step/2.json"] {
+        let text = std::fs::read_to_string(mnt.path().join(file)).unwrap();
+        clean(file, &text);
+    }
+    unmount(mnt.path());
+    clean("the log", &std::fs::read_to_string(&log).unwrap());
 }

@@ -44,6 +44,21 @@ pub(crate) enum StorageError {
     },
 }
 
+impl StorageError {
+    /// The object (its URL) the error is about.
+    pub(crate) fn name(&self) -> &str {
+        match self {
+            StorageError::Deadline { name, .. }
+            | StorageError::Replaced { name }
+            | StorageError::Missing { name }
+            | StorageError::Denied { name }
+            | StorageError::Short { name, .. }
+            | StorageError::Remote { name, .. }
+            | StorageError::OutOfRange { name, .. } => name,
+        }
+    }
+}
+
 impl std::fmt::Display for StorageError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

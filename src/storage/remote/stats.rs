@@ -85,7 +85,7 @@ pub(crate) struct Stats {
 
 impl std::fmt::Debug for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Stats({})", self.json())
+        write!(f, "Stats({:?})", self.json())
     }
 }
 
@@ -95,9 +95,13 @@ impl Stats {
             .load(Relaxed)
             .saturating_sub(self.requests.load(Relaxed))
     }
-    pub(crate) fn json(&self) -> serde_json::Value {
+    /// The counters as `stats.json`'s `remote` (`None` before the first request).
+    pub(crate) fn json(&self) -> Option<serde_json::Value> {
+        if self.requests.load(Relaxed) == 0 {
+            return None;
+        }
         let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
-        serde_json::json!({
+        Some(serde_json::json!({
             "requests": self.requests.load(Relaxed),
             "attempts": self.attempts.load(Relaxed),
             "retries": self.retries(),
@@ -113,7 +117,7 @@ impl Stats {
             "latency_ms_p99": ms(self.latency.quantile(0.99)),
             "attempt_latency_ms_p50": ms(self.attempt_latency.quantile(0.5)),
             "attempt_latency_ms_p99": ms(self.attempt_latency.quantile(0.99)),
-        })
+        }))
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod data;
 pub mod mount;
+pub mod proxy;
 pub mod read;
 pub mod reference;
 pub mod remote;
