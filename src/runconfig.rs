@@ -12,7 +12,7 @@
 //!
 //! [[source]]
 //! name = "web"
-//! path = "/data/web"      # a dataset directory; relative to this file's directory
+//! path = "/data/web"      # a dataset directory (relative to this file's) or s3:// / https:// URL
 //! weight = 0.7
 //!
 //! [[source]]
@@ -286,8 +286,14 @@ impl RunConfig {
             }
             let (weight, weight_text) = weight(&s.weight)
                 .map_err(|e| at(format!("source[{i}] ({}): weight: {e}", s.name)))?;
+            // A dataset URL (s3://, http(s)://) stays as written.
+            let path = if crate::storage::remote::is_remote(&s.path) {
+                s.path.clone()
+            } else {
+                base.join(&s.path)
+            };
             sources.push(SourceConfig {
-                path: base.join(&s.path),
+                path,
                 name: s.name,
                 weight,
                 weight_text,

@@ -16,6 +16,8 @@
 //! remote objects (`pack --in-place` over remote token files) only when it belongs to the user
 //! whose credentials fetch them: the daemon's.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -49,14 +51,12 @@ impl Dataset {
         if remote::is_remote(dir) {
             let location = location(dir)?;
             let manifest_path = location.join(MANIFEST).map_err(Error::invalid)?;
-            let object = RemoteObject::open(&manifest_path)
-                .map_err(|e| remote_error(&manifest_path.path(), e))?;
-            let bytes = object
-                .read_all(MAX_MANIFEST_BYTES)
+            let bytes = remote::read_small(&manifest_path, MAX_MANIFEST_BYTES)
                 .map_err(|e| remote_error(&manifest_path.path(), e))?;
             let manifest = Manifest::parse(&bytes, &manifest_path.path())?;
-            let files = Files::Remote(location.clone());
+            let files = Files::new(FilesKind::Remote(location.clone()));
             let dir = location.path();
+            files.open_remote_ahead(&dir, &manifest)?;
             let shards = manifest
                 .shards
                 .iter()
@@ -73,13 +73,14 @@ impl Dataset {
             listed_files(&manifest),
             max_open,
         )?;
-        let files = Files::Local {
+        let files = Files::new(FilesKind::Local {
             local,
             remote_ok: {
                 use std::os::unix::fs::MetadataExt;
                 manifest_meta.uid() == nix::unistd::geteuid().as_raw()
             },
-        };
+        });
+        files.open_remote_ahead(dir, &manifest)?;
         let shards = manifest
             .shards
             .iter()
@@ -87,6 +88,24 @@ impl Dataset {
             .collect::<Result<Vec<_>>>()?;
         Ok(Dataset::from_parts(dir.to_path_buf(), manifest, shards))
     }
+}
+
+/// The names of every file the manifest lists: shards, checksum and document files.
+fn listed_names(manifest: &Manifest) -> Vec<&str> {
+    let mut names = Vec::new();
+    for s in &manifest.shards {
+        names.push(s.path.as_str());
+        if let Some(c) = &s.checksums {
+            names.push(c.file.as_str());
+        }
+        if let Some(d) = &s.docs {
+            names.extend(d.names().into_iter().flatten());
+            if let Some(c) = &d.checksums {
+                names.push(c.file.as_str());
+            }
+        }
+    }
+    names
 }
 
 /// How many files the manifest lists: shards, checksum and document files.
@@ -104,7 +123,13 @@ fn listed_files(manifest: &Manifest) -> usize {
 }
 
 /// Where the files a manifest lists are opened.
-enum Files {
+struct Files {
+    kind: FilesKind,
+    /// Remote objects opened together ahead of the checks ([`Files::open_remote_ahead`]).
+    ahead: RefCell<HashMap<PathBuf, std::result::Result<RemoteObject, remote::StorageError>>>,
+}
+
+enum FilesKind {
     /// Local files (`remote_ok`: the manifest may name remote objects).
     Local { local: LocalFiles, remote_ok: bool },
     /// Objects under a remote dataset prefix.
@@ -118,16 +143,50 @@ struct FileInfo {
 }
 
 impl Files {
+    fn new(kind: FilesKind) -> Files {
+        Files {
+            kind,
+            ahead: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// Opens every remote object `manifest` (of `dir`) lists, all at once: one round trip,
+    /// not one per file. The checks of each come later, in [`Files::open`].
+    fn open_remote_ahead(&self, dir: &Path, manifest: &Manifest) -> Result<()> {
+        if let FilesKind::Local {
+            remote_ok: false, ..
+        } = self.kind
+        {
+            return Ok(());
+        }
+        let mut paths = Vec::new();
+        for name in listed_names(manifest) {
+            let path = self.locate(dir, name)?;
+            if remote::is_remote(&path) {
+                paths.push(path);
+            }
+        }
+        let locations = paths
+            .iter()
+            .map(|p| location(p))
+            .collect::<Result<Vec<_>>>()?;
+        let opened = RemoteObject::open_many(&locations);
+        self.ahead
+            .borrow_mut()
+            .extend(paths.into_iter().zip(opened));
+        Ok(())
+    }
+
     /// The path of the file the manifest of `dir` names `name`.
     fn locate(&self, dir: &Path, name: &str) -> Result<PathBuf> {
         let listed = Path::new(name);
-        match self {
-            Files::Local { .. } => Ok(if remote::is_remote(listed) {
+        match &self.kind {
+            FilesKind::Local { .. } => Ok(if remote::is_remote(listed) {
                 listed.to_path_buf()
             } else {
                 dir.join(name)
             }),
-            Files::Remote(location) => {
+            FilesKind::Remote(location) => {
                 if listed.is_absolute() || remote::is_remote(listed) {
                     return Err(Error::dataset(
                         dir.join(MANIFEST),
@@ -154,7 +213,7 @@ impl Files {
         random: bool,
     ) -> Result<(Arc<dyn ReadAt>, FileInfo)> {
         if !remote::is_remote(path) {
-            let Files::Local { local, .. } = self else {
+            let FilesKind::Local { local, .. } = &self.kind else {
                 // Files::locate names only objects under a remote dataset's prefix.
                 return Err(Error::invalid(format!(
                     "{}: a remote dataset lists only remote objects",
@@ -168,9 +227,9 @@ impl Files {
             };
             return Ok((source, info));
         }
-        if let Files::Local {
+        if let FilesKind::Local {
             remote_ok: false, ..
-        } = self
+        } = self.kind
         {
             return Err(Error::dataset(
                 path,
@@ -181,8 +240,12 @@ impl Files {
                 )),
             ));
         }
-        let location = location(path)?;
-        let object = RemoteObject::open(&location).map_err(|e| remote_error(path, e))?;
+        let ahead = self.ahead.borrow_mut().remove(path);
+        let object = match ahead {
+            Some(opened) => opened,
+            None => RemoteObject::open(&location(path)?),
+        }
+        .map_err(|e| remote_error(path, e))?;
         let info = FileInfo {
             len: object.len(),
             mtime_ns: object.mtime_ns(),

@@ -366,6 +366,12 @@ impl Manifest {
 /// components only: no `..`, `.`, empty components or trailing `/`, and not the manifest
 /// itself) or absolute, in that same canonical form, so that one file has one spelling.
 fn check_in_place_path(p: &str) -> Invalid {
+    // A remote object (`pack --in-place s3://...`): a URL without secrets or `..`.
+    if crate::storage::remote::is_remote(Path::new(p)) {
+        return crate::storage::remote::Location::parse(p)
+            .map(|_| ())
+            .map_err(|e| format!("an in-place shard's URL: {e}"));
+    }
     let mut rebuilt = std::path::PathBuf::new();
     let (mut normal, mut other) = (0, false);
     for c in Path::new(p).components() {

@@ -342,3 +342,123 @@ fn credentials_never_reach_logs_errors_or_the_tree() {
     unmount(mnt.path());
     clean("the log", &std::fs::read_to_string(&log).unwrap());
 }
+
+#[test]
+fn a_mixture_source_may_be_remote_and_a_dataset_opens_its_objects_together() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::mixture::sources(dir.path());
+    let root = Path::new("/");
+    let Some(nginx) = Nginx::start(root) else {
+        return;
+    };
+    let p = proxy::FaultProxy::start(nginx.addr);
+    let head = "window = 17\nbatch_size = 4\nranks = 2\nseed = 9\nsteps_per_epoch = 30\n";
+    let source = |name: &str, path: &str, w: &str| {
+        format!("[[source]]\nname = \"{name}\"\npath = \"{path}\"\nweight = {w}\n")
+    };
+    let b_url = url_of(&p.url(), root, &dir.path().join("b"));
+    let local = format!(
+        "{head}{}{}",
+        source("a", "a", "0.6"),
+        source("b", "b", "0.4")
+    );
+    let remote = format!(
+        "{head}{}{}",
+        source("a", "a", "0.6"),
+        source("b", &b_url, "0.4")
+    );
+    std::fs::write(dir.path().join("local.toml"), local).unwrap();
+    std::fs::write(dir.path().join("remote.toml"), remote).unwrap();
+    let open = |name: &str| {
+        let c = shufflefs::runconfig::RunConfig::read(&dir.path().join(name)).unwrap();
+        View::mixture_for_tests(&c, 64).unwrap()
+    };
+    // The remote source's shards and checksum files are opened in one round of requests.
+    p.set(std::time::Duration::from_millis(30), &[], false);
+    let (a, b) = (open("local.toml"), open("remote.toml"));
+    assert!(
+        p.max_in_flight() >= 2,
+        "opens in parallel: {}",
+        p.max_in_flight()
+    );
+    p.set(std::time::Duration::ZERO, &[], false);
+    assert_same_steps(&a, &b);
+}
+
+#[test]
+fn a_remote_manifest_may_name_only_objects_under_its_prefix() {
+    let data = Data::positional(5_000, 4096);
+    let root = Path::new("/");
+    let Some(nginx) = Nginx::start(root) else {
+        return;
+    };
+    let manifest = data.path().join("manifest.json");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let first = manifest_shard_path(&text);
+    for hostile in [
+        "/etc/passwd",
+        "../other/x.bin",
+        "s3://elsewhere/x.bin",
+        "http://169.254.169.254/latest",
+    ] {
+        std::fs::write(&manifest, text.replacen(&first, hostile, 1)).unwrap();
+        let url = url_of(&nginx.url(), root, &data.path());
+        let e = View::open(Path::new(&url), &config(9, 9, 1, 1, 0, 1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("manifest.json"), "{hostile}: {e}");
+    }
+}
+
+/// The path of the first shard in a manifest's text.
+fn manifest_shard_path(text: &str) -> String {
+    let v: Value = serde_json::from_str(text).unwrap();
+    v["shards"][0]["path"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_local_manifest_names_remote_objects_only_for_the_user_whose_credentials_fetch_them() {
+    let data = Data::positional(5_000, 4096);
+    let root = Path::new("/");
+    let Some(nginx) = Nginx::start(root) else {
+        return;
+    };
+    // An in-place dataset of the shard files, then each named by its URL instead (the
+    // content samples still match: accepted).
+    let copy = data.dir.path().join("copy");
+    let shards = shard_paths(&data.path());
+    let mut args = vec![
+        "pack",
+        s(&copy),
+        "--in-place",
+        "--dtype",
+        "u32",
+        "--no-progress",
+    ];
+    args.extend(shards.iter().map(|p| s(p)));
+    shufflefs_ok(&args);
+    let mut text = std::fs::read_to_string(copy.join("manifest.json")).unwrap();
+    for shard in &shards {
+        text = text.replace(s(shard), &url_of(&nginx.url(), root, shard));
+    }
+    std::fs::write(copy.join("manifest.json"), text).unwrap();
+    let cfg = config(9, 9, 2, 1, 4, 1);
+    let want = View::open(&data.path(), &cfg).unwrap();
+    let got = View::open(&copy, &cfg).unwrap();
+    let key = StepKey {
+        epoch: 0,
+        rank: 0,
+        step: 5,
+    };
+    assert_eq!(
+        got.render_step_npy(key).unwrap(),
+        want.render_step_npy(key).unwrap()
+    );
+    // Another user's manifest naming the same URL: our credentials would fetch it for them.
+    let Some((_, uid, gid)) = other_user() else {
+        return;
+    };
+    chown(&copy.join("manifest.json"), uid, gid);
+    let e = View::open(&copy, &cfg).unwrap_err().to_string();
+    assert!(e.contains("belongs to another user"), "{e}");
+}

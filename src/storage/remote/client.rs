@@ -19,7 +19,7 @@ use super::stats;
 
 /// Errors, each mapped to EIO by the FUSE side; messages name the object, never credentials
 /// or signed URLs.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum StorageError {
     /// The deadline passed before every range arrived (in-flight requests were cancelled).
     Deadline { name: String, after: Duration },

@@ -405,42 +405,71 @@ impl std::fmt::Debug for RemoteObject {
 impl RemoteObject {
     /// Opens (HEADs) the object at `location` and pins it.
     pub(crate) fn open(location: &Location) -> std::result::Result<RemoteObject, StorageError> {
-        let name = location.url();
-        let (rt, _, store) = store_for(&location.base)?;
-        let path = ObjectPath::from(location.key.as_str());
-        let deadline = Instant::now() + config().read_timeout;
-        stats().requests.fetch_add(1, Relaxed);
-        let head = {
-            let path = path.clone();
-            async move { store.head(&path).await }
-        };
-        let meta = match run_until(&rt, deadline, head) {
-            None => {
-                stats().deadline_exceeded.fetch_add(1, Relaxed);
-                return Err(StorageError::Deadline {
-                    name,
-                    after: config().read_timeout,
-                });
+        RemoteObject::open_many(std::slice::from_ref(location))
+            .pop()
+            .expect("one location, one result")
+    }
+
+    /// Opens every location at once (one round trip for all, not one each).
+    pub(crate) fn open_many(
+        locations: &[Location],
+    ) -> Vec<std::result::Result<RemoteObject, StorageError>> {
+        let timeout = config().read_timeout;
+        let deadline = Instant::now() + timeout;
+        let mut clients = Vec::with_capacity(locations.len());
+        for l in locations {
+            match store_for(&l.base) {
+                Ok(c) => clients.push(c),
+                Err(e) => return locations.iter().map(|_| Err(e.clone())).collect(),
             }
-            Some(Err(e)) => {
-                stats().errors.fetch_add(1, Relaxed);
-                return Err(sanitize(&name, &e, None));
-            }
-            Some(Ok(meta)) => meta,
+        }
+        let Some((rt, semaphore, _)) = clients.first().cloned() else {
+            return Vec::new();
         };
-        // A weak ETag never matches If-Match (strong comparison): pin by size only then.
-        let etag = meta.e_tag.filter(|t| !t.starts_with("W/"));
-        Ok(RemoteObject {
-            location: location.clone(),
-            path,
-            size: meta.size,
-            etag,
-            version: meta.version,
-            mtime_ns: meta
-                .last_modified
-                .timestamp_nanos_opt()
-                .map_or(0, |n| n.max(0) as u64),
-        })
+        let heads = locations.iter().zip(&clients).map(|(l, (_, _, store))| {
+            let path = ObjectPath::from(l.key.as_str());
+            let semaphore = semaphore.clone();
+            async move {
+                let _permit = semaphore.acquire().await;
+                stats().requests.fetch_add(1, Relaxed);
+                store.head(&path).await
+            }
+        });
+        let Some(metas) = run_until(&rt, deadline, futures::future::join_all(heads)) else {
+            stats().deadline_exceeded.fetch_add(1, Relaxed);
+            return locations
+                .iter()
+                .map(|l| {
+                    Err(StorageError::Deadline {
+                        name: l.url(),
+                        after: timeout,
+                    })
+                })
+                .collect();
+        };
+        locations
+            .iter()
+            .zip(metas)
+            .map(|(l, meta)| {
+                let meta = meta.map_err(|e| {
+                    stats().errors.fetch_add(1, Relaxed);
+                    sanitize(&l.url(), &e, None)
+                })?;
+                // A weak ETag never matches If-Match (strong comparison): pin by size only.
+                let etag = meta.e_tag.filter(|t| !t.starts_with("W/"));
+                Ok(RemoteObject {
+                    location: l.clone(),
+                    path: ObjectPath::from(l.key.as_str()),
+                    size: meta.size,
+                    etag,
+                    version: meta.version,
+                    mtime_ns: meta
+                        .last_modified
+                        .timestamp_nanos_opt()
+                        .map_or(0, |n| n.max(0) as u64),
+                })
+            })
+            .collect()
     }
 
     /// The object's size when it was opened.
@@ -456,22 +485,6 @@ impl RemoteObject {
     /// The object's URL.
     pub(crate) fn url(&self) -> String {
         self.location.url()
-    }
-
-    /// Reads the whole object (a manifest: at most `max` bytes, else an error).
-    pub(crate) fn read_all(&self, max: u64) -> std::result::Result<Vec<u8>, StorageError> {
-        if self.size > max {
-            return Err(StorageError::Remote {
-                name: self.url(),
-                what: format!(
-                    "{} bytes, more than the {max} a manifest may have",
-                    self.size
-                ),
-            });
-        }
-        let mut bytes = vec![0u8; self.size as usize];
-        read_many(&mut [(self, 0, &mut bytes[..])])?;
-        Ok(bytes)
     }
 
     /// GETs `range` and copies it into `parts` (each `(offset, buf)` inside the range).
@@ -562,6 +575,62 @@ impl ReadAt for RemoteObject {
 
     fn as_remote(&self) -> Option<&RemoteObject> {
         Some(self)
+    }
+}
+
+/// The whole object at `location` in one request (a manifest): at most `max` bytes, else an
+/// error naming it.
+pub(crate) fn read_small(
+    location: &Location,
+    max: u64,
+) -> std::result::Result<Vec<u8>, StorageError> {
+    let name = location.url();
+    let (rt, _, store) = store_for(&location.base)?;
+    let timeout = config().read_timeout;
+    let path = ObjectPath::from(location.key.as_str());
+    stats().requests.fetch_add(1, Relaxed);
+    let too_big = |size: u64| StorageError::Remote {
+        name: name.clone(),
+        what: format!("{size} bytes or more, more than the {max} a manifest may have"),
+    };
+    let get = async {
+        let probe = Probe::default();
+        let mut options = GetOptions::default();
+        options.extensions.insert(probe.clone());
+        let response = store
+            .get_opts(&path, options)
+            .await
+            .map_err(|e| sanitize(&name, &e, Some(&probe)))?;
+        if response.meta.size > max {
+            return Err(too_big(response.meta.size));
+        }
+        let mut bytes = Vec::with_capacity(response.meta.size as usize);
+        let mut body = response.into_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| sanitize(&name, &e, Some(&probe)))?;
+            if (bytes.len() + chunk.len()) as u64 > max {
+                return Err(too_big((bytes.len() + chunk.len()) as u64));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(bytes)
+    };
+    match run_until(&rt, Instant::now() + timeout, get) {
+        Some(Ok(bytes)) => {
+            stats().bytes.fetch_add(bytes.len() as u64, Relaxed);
+            Ok(bytes)
+        }
+        Some(Err(e)) => {
+            stats().errors.fetch_add(1, Relaxed);
+            Err(e)
+        }
+        None => {
+            stats().deadline_exceeded.fetch_add(1, Relaxed);
+            Err(StorageError::Deadline {
+                name,
+                after: timeout,
+            })
+        }
     }
 }
 
