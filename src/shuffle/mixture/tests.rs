@@ -517,3 +517,46 @@ proptest! {
         }
     }
 }
+
+/// The figures of the counts guarantees: for each awkward weight set, the extreme lags
+/// `E_k - C_k` over 6,000 steps of a varying global batch (no weight change), and over 5,000
+/// steps of the weight and batch changes of `counts_across_weight_and_batch_changes` (as
+/// fractions of a row). `cargo test --release --lib mixture::tests::counts_report --
+/// --ignored --nocapture`.
+#[test]
+#[ignore]
+fn counts_report() {
+    let f = |x: i128| x as f64 / DD as f64;
+    let sets = awkward();
+    println!("weights | K | lag range, weights of step 0 | lag range, across changes");
+    for (i, ws) in sets.iter().enumerate() {
+        let w = weights(ws);
+        let steady: Entries = [7u64, 1, 3, 1000, 2, 64]
+            .iter()
+            .enumerate()
+            .map(|(j, &g)| (j as u64 * 977, g, w.clone()))
+            .collect();
+        let (before, _) = check_counts(&steady, 6000);
+        // Changes to and from the next set of as many sources.
+        let across = (1..sets.len())
+            .map(|d| &sets[(i + d) % sets.len()])
+            .find(|o| o.len() == ws.len())
+            .map(|o| {
+                let changes: Entries = vec![
+                    (0, 512, w.clone()),
+                    (700, 512, weights(o)),
+                    (1500, 1000, w.clone()),
+                    (3000, 96, weights(o)),
+                ];
+                let (_, after) = check_counts(&changes, 5000);
+                format!("[{:.4}, {:.4}]", f(after.0), f(after.1))
+            });
+        println!(
+            "{ws:?} | {} | [{:.4}, {:.4}] | {}",
+            ws.len(),
+            f(before.0),
+            f(before.1),
+            across.unwrap_or_default()
+        );
+    }
+}
