@@ -399,3 +399,13 @@ for label, source, file in [
     print(f"{label:<36} {ms:>8.3f} {sc:>35.1f}")
 PY
 rm -f "$mresults"
+
+# ---- Remote storage: local disk against S3 (a loopback S3 server, 20 ms added per request) --
+# examples/remote_bench: mount + first step, a paced trainer (read a step, 50 ms of compute),
+# unpaced reads, and the daemon's memory on a 1 TiB dataset of virtual objects.
+echo
+echo "remote storage (examples/remote_bench)"
+cargo build --release --quiet --example remote_bench
+remote_args=()
+if [ "$quick" = 1 ]; then remote_args=(--quick); fi
+target/release/examples/remote_bench --bin "$bin" "${remote_args[@]}"

@@ -362,7 +362,9 @@ pub struct MountFlags {
     #[arg(long, hide = true)]
     pub stub_reads: bool,
     /// Threads assembling prefetched steps. On a node whose cores are all busy reading, more
-    /// workers only compete with the readers.
+    /// workers only compete with the readers. Over remote data each worker waits a round trip
+    /// per step: give one per rank reading on the node when a step's compute is shorter
+    /// than that.
     #[arg(long, default_value_t = 1, value_parser = ranged_usize(0, MAX_THREADS), help_heading = MOUNT_HEADING)]
     pub prefetch_workers: usize,
     /// Refuse to mount unless the mount's fingerprint (info.json) is HEX: the guard for

@@ -99,12 +99,15 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
         fs = fs.with_stub_reads()?;
     }
     // Threads (prefetch workers) may only start after the fork: serve() adds the cache.
+    // A remote store's latency is what prefetch hides: never pause it (the governor would
+    // time reads without prefetch, each a round trip).
+    let remote = fs.plans().any(|(_, v)| v.is_remote());
     let cache = (cache_size > 0).then_some((
         cache_size,
         PrefetchConfig {
             depth: args.prefetch_depth,
             workers: args.prefetch_workers,
-            adaptive: true,
+            adaptive: !remote,
         },
     ));
     let mountpoint = prepare_mountpoint(&mountpoint, args.on_top)?;

@@ -525,6 +525,11 @@ impl View {
         }
     }
 
+    /// Whether some of its data is remote (S3, HTTP).
+    pub fn is_remote(&self) -> bool {
+        self.remote
+    }
+
     /// The plan.
     pub fn plan(&self) -> &Plan {
         &self.plan
