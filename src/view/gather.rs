@@ -51,8 +51,18 @@ pub(super) fn deferred<R>(buf: &mut [u8], fill: impl FnOnce(&mut [u8]) -> Result
             reads: Vec::new(),
         })
     });
+    // Cleared however `fill` returns (a panic included: a FUSE thread catches it and serves
+    // on, and a stale scope would swallow the reads of its next request).
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            NOTED.with_borrow_mut(|n| *n = None);
+        }
+    }
+    let clear = Clear;
     let result = fill(buf);
     let noted = NOTED.with_borrow_mut(Option::take).expect("set above");
+    drop(clear);
     let value = result?;
     place(noted.reads, buf)?;
     Ok(value)
@@ -117,4 +127,21 @@ fn place(reads: Vec<Pending>, buf: &mut [u8]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_inside_leaves_no_scope_behind() {
+        let mut buf = [0u8; 4];
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            deferred(&mut buf, |_| -> Result<()> { panic!("inside") })
+        }));
+        assert!(r.is_err());
+        assert!(NOTED.with_borrow(Option::is_none));
+        // The next call notes into its own buffer, and with nothing noted places nothing.
+        assert_eq!(deferred(&mut buf, |b| Ok(b.len())).unwrap(), 4);
+    }
 }

@@ -305,6 +305,13 @@ impl<'a> Ctx<'a> {
 impl View {
     /// Writes `S.json` for `key` to `w`.
     pub(crate) fn write_step_json(&self, key: StepKey, w: &mut impl Write) -> Result<()> {
+        if self.remote {
+            // The rows' documents in a few round trips (storage/remote/ahead.rs).
+            return crate::storage::remote::ahead::ahead(
+                || self.warm_documents(key),
+                || self.step_json_to(key, w, None),
+            );
+        }
         self.step_json_to(key, w, None)
     }
 
@@ -319,7 +326,15 @@ impl View {
     /// docs). Equal to the length `View::write_step_json` writes whenever that succeeds.
     pub fn step_json_len(&self, key: StepKey) -> Result<u64> {
         let measure = Measure::default();
-        let written = json_len(|c| self.step_json_to(key, c, Some(&measure)))?;
+        let written = json_len(|c| {
+            if self.remote {
+                return crate::storage::remote::ahead::ahead(
+                    || self.warm_documents(key),
+                    || self.step_json_to(key, c, Some(&measure)),
+                );
+            }
+            self.step_json_to(key, c, Some(&measure))
+        })?;
         Ok(written - measure.placeholders.get() + measure.real.get())
     }
 

@@ -390,6 +390,12 @@ impl View {
             rank,
             step,
         };
+        if self.remote {
+            return crate::storage::remote::ahead::ahead(
+                || self.warm_documents(key),
+                || gather::deferred(buf, |buf| self.read_mixture_npy(m, key, offset, buf)),
+            );
+        }
         self.read_mixture_npy(m, key, offset, buf)
     }
 

@@ -18,10 +18,40 @@ impl View {
     /// shard bytes of the rows the range covers are read, one pread per row piece.
     pub fn read_step_npy(&self, key: StepKey, offset: u64, buf: &mut [u8]) -> Result<usize> {
         if self.remote {
-            // Every range of the step at once (gather.rs).
-            return super::gather::deferred(buf, |buf| self.read_step_npy_now(key, offset, buf));
+            // The rows' documents in a few round trips, then every range of the step at once
+            // (gather.rs).
+            return crate::storage::remote::ahead::ahead(
+                || self.warm_documents(key),
+                || super::gather::deferred(buf, |buf| self.read_step_npy_now(key, offset, buf)),
+            );
         }
         self.read_step_npy_now(key, offset, buf)
+    }
+
+    /// Looks up the document of every row of step `key` in documents mode (results ignored:
+    /// the reads are what matters, see `storage/remote/ahead.rs`).
+    pub(super) fn warm_documents(&self, key: StepKey) {
+        if self.packed.is_some() {
+            return;
+        }
+        let batch = self.step_batch(key);
+        if let Some(mixed) = &self.mixed {
+            for r in mixed.rows(key, self.plan.ranks(), 0, batch) {
+                let source = &mixed.sources[r.source].1;
+                if source.mode == Mode::Documents {
+                    let _ = source.dataset.document(r.observation);
+                }
+            }
+            return;
+        }
+        if self.mode != Mode::Documents {
+            return;
+        }
+        let mut rows = vec![0u64; batch as usize];
+        self.plan.observations(key).fill(0, &mut rows);
+        for obs in rows {
+            let _ = self.dataset.document(obs);
+        }
     }
 
     /// [`View::read_step_npy`], each range read when it is reached.

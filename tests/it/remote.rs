@@ -462,3 +462,43 @@ fn a_local_manifest_names_remote_objects_only_for_the_user_whose_credentials_fet
     let e = View::open(&copy, &cfg).unwrap_err().to_string();
     assert!(e.contains("belongs to another user"), "{e}");
 }
+
+#[test]
+fn a_documents_step_looks_up_its_rows_documents_together() {
+    let corpus = Corpus::new(3000, 2048);
+    let root = Path::new("/");
+    let Some(nginx) = Nginx::start(root) else {
+        return;
+    };
+    let p = proxy::FaultProxy::start(nginx.addr);
+    let cfg = documents(config(9, 9, 8, 2, 5, 1));
+    let local = View::open(&corpus.ds, &cfg).unwrap();
+    let remote = View::open(Path::new(&url_of(&p.url(), root, &corpus.ds)), &cfg).unwrap();
+    // Each row's document is found through reads that depend on each other (a fence, then
+    // its record): the rows' reads of each kind go out together.
+    p.set(std::time::Duration::from_millis(30), &[], false);
+    for step in [0, 7] {
+        let key = StepKey {
+            epoch: 0,
+            rank: 1,
+            step,
+        };
+        // S.json reads only the documents (no token ranges).
+        p.counters
+            .max_in_flight
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(
+            json_without_files(&remote.step_json(key).unwrap()),
+            json_without_files(&local.step_json(key).unwrap())
+        );
+        assert!(
+            p.max_in_flight() >= 4,
+            "at most {} in flight",
+            p.max_in_flight()
+        );
+        assert_eq!(
+            remote.render_step_npy(key).unwrap(),
+            local.render_step_npy(key).unwrap()
+        );
+    }
+}
