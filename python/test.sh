@@ -28,7 +28,7 @@ echo "pip install ./python: $(( $(date +%s) - start )) s"
 
 # The extension crate: format and lints, as for the root crate.
 cargo fmt --manifest-path python/rust/Cargo.toml --check
-PYO3_PYTHON=$py cargo clippy --quiet --release --manifest-path python/rust/Cargo.toml \
+PYO3_PYTHON=$py cargo clippy --quiet --manifest-path python/rust/Cargo.toml \
   --all-targets -- -D warnings
 
 cd python
