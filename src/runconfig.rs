@@ -38,6 +38,9 @@ use crate::error::{Error, Result};
 use crate::shuffle::mixture::Weight;
 use crate::view::{Mode, ViewConfig};
 
+/// Most `[[plan]]` tables of one configuration.
+const MAX_PLANS: usize = 64;
+
 /// Largest run configuration file read (a config is a few hundred bytes to a few KiB).
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
@@ -347,12 +350,42 @@ impl RunConfig {
         if raw.plans.is_empty() {
             return Ok(vec![shared.plan(None, &top, &raw.schedule)?]);
         }
+        if raw.plans.len() > MAX_PLANS {
+            return Err(at(format!(
+                "{} [[plan]] tables: at most {MAX_PLANS} (each plan has its own prefetch \
+                 workers)",
+                raw.plans.len()
+            )));
+        }
+        // The top level's schedule names sources too, even when every plan replaces it.
+        shared
+            .schedule_entries(&raw.schedule)
+            .map_err(|e| at(format!("the top level's {e}")))?;
         let mut plans: Vec<RunConfig> = Vec::with_capacity(raw.plans.len());
+        let mut names = std::collections::HashSet::new();
         for (i, p) in raw.plans.into_iter().enumerate() {
             check_plan_name(&p.name).map_err(|e| at(format!("plan[{i}]: {e}")))?;
-            if plans.iter().any(|o| o.name.as_deref() == Some(&p.name)) {
+            if !names.insert(p.name.clone()) {
                 return Err(at(format!(
                     "plan[{i}]: the name {:?} is used twice",
+                    p.name
+                )));
+            }
+            // Keys that only make sense together with others the plan does not give.
+            if p.window.is_some() && p.stride.is_none() && top.stride.is_some() {
+                return Err(at(format!(
+                    "plan {:?} sets window but not stride: give its stride too (the top \
+                     level's stride {} was chosen for the top level's window)",
+                    p.name,
+                    top.stride.unwrap_or(0)
+                )));
+            }
+            let inherits_weights = raw.schedule.iter().any(|e| e.weights.is_some());
+            if p.weights.is_some() && p.schedule.is_none() && inherits_weights {
+                return Err(at(format!(
+                    "plan {:?} sets weights but would inherit the top level's [[schedule]], \
+                     whose weights replace them from its first step: give the plan its own \
+                     [[plan.schedule]] entries, or `schedule = []` for none",
                     p.name
                 )));
             }
@@ -420,6 +453,47 @@ impl RunConfig {
         Ok((ws, texts))
     }
 
+    /// The schedule entries `schedule` gives, checked (increasing steps, known sources).
+    fn schedule_entries(
+        &self,
+        schedule: &[RawEntry],
+    ) -> std::result::Result<Vec<ScheduleEntry>, String> {
+        let mut entries: Vec<ScheduleEntry> = Vec::new();
+        for (i, e) in schedule.iter().enumerate() {
+            if entries.last().is_some_and(|p| p.from_step >= e.from_step) || e.from_step == 0 {
+                return Err(format!(
+                    "schedule[{i}]: from_step {} must be above 0 and above the entry before it",
+                    e.from_step
+                ));
+            }
+            if e.weights.is_none() && e.batch_size.is_none() {
+                return Err(format!(
+                    "schedule[{i}]: give weights, batch_size or both from step {}",
+                    e.from_step
+                ));
+            }
+            if e.batch_size == Some(0) {
+                return Err(format!("schedule[{i}]: batch_size must be at least 1"));
+            }
+            let (weights, weight_texts) = match &e.weights {
+                Some(given) => {
+                    let (ws, texts) = self
+                        .weights_of(given)
+                        .map_err(|err| format!("schedule[{i}]: {err}"))?;
+                    (Some(ws), texts)
+                }
+                None => (None, Vec::new()),
+            };
+            entries.push(ScheduleEntry {
+                from_step: e.from_step,
+                weights,
+                weight_texts,
+                batch_size: e.batch_size,
+            });
+        }
+        Ok(entries)
+    }
+
     /// This configuration's sources, split and quarantine with the plan `keys` and `schedule`
     /// describe, named `name`.
     fn plan(&self, name: Option<String>, keys: &Keys, schedule: &[RawEntry]) -> Result<RunConfig> {
@@ -437,39 +511,7 @@ impl RunConfig {
         if steps_per_epoch == 0 {
             return Err(at("steps_per_epoch must be at least 1".into()));
         }
-        let mut entries: Vec<ScheduleEntry> = Vec::new();
-        for (i, e) in schedule.iter().enumerate() {
-            if entries.last().is_some_and(|p| p.from_step >= e.from_step) || e.from_step == 0 {
-                return Err(at(format!(
-                    "schedule[{i}]: from_step {} must be above 0 and above the entry before it",
-                    e.from_step
-                )));
-            }
-            if e.weights.is_none() && e.batch_size.is_none() {
-                return Err(at(format!(
-                    "schedule[{i}]: give weights, batch_size or both from step {}",
-                    e.from_step
-                )));
-            }
-            if e.batch_size == Some(0) {
-                return Err(at(format!("schedule[{i}]: batch_size must be at least 1")));
-            }
-            let (weights, weight_texts) = match &e.weights {
-                Some(given) => {
-                    let (ws, texts) = self
-                        .weights_of(given)
-                        .map_err(|err| at(format!("schedule[{i}]: {err}")))?;
-                    (Some(ws), texts)
-                }
-                None => (None, Vec::new()),
-            };
-            entries.push(ScheduleEntry {
-                from_step: e.from_step,
-                weights,
-                weight_texts,
-                batch_size: e.batch_size,
-            });
-        }
+        let entries = self.schedule_entries(schedule).map_err(at)?;
         let mode = match keys.mode.as_deref() {
             None | Some("stream") => Mode::Stream,
             Some("documents") => Mode::Documents,

@@ -175,7 +175,11 @@ pub(crate) fn open_plans(
     let mut views = Vec::with_capacity(configs.len());
     for mut config in configs {
         config.view.max_listing = args.max_listing;
-        let view = View::mixture_in(&config, &open, &mut datasets)?;
+        let view =
+            View::mixture_in(&config, &open, &mut datasets).map_err(|e| match &config.name {
+                Some(name) => Error::invalid(format!("plan {name:?}: {e}")),
+                None => e,
+            })?;
         views.push((config.name, view));
     }
     Ok((views, datasets.len()))
@@ -394,7 +398,23 @@ fn fs_fingerprint_hint(mountpoint: &Path) -> String {
     std::fs::read(mountpoint.join(info))
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| v["fingerprint"].as_str().map(str::to_string))
+        .and_then(|v| match v["fingerprint"].as_str() {
+            Some(fp) => Some(fp.to_string()),
+            // Several plans: each has its own.
+            None => v["plans"].as_array().map(|plans| {
+                plans
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "{} {}",
+                            p["name"].as_str().unwrap_or("?"),
+                            p["fingerprint"].as_str().unwrap_or("?")
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }),
+        })
         .unwrap_or_else(|| "?".into())
 }
 

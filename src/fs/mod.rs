@@ -269,35 +269,37 @@ impl ShuffleFs {
     /// Step files larger than half the budget are not cached (their reads go to the shards
     /// range by range); nor are the step files of a plan whose schedule changes the batch size.
     pub fn with_cache(mut self, budget: u64, prefetch: PrefetchConfig) -> ShuffleFs {
-        let lens: Vec<Option<u64>> = self
-            .plans
-            .iter()
-            .map(|p| {
-                if p.view.variable_step_sizes() {
-                    // The cache recycles buffers of one size per plan.
-                    log::info!(
-                        "the schedule changes the batch size: step cache and prefetch off{}",
-                        self.named.as_ref().map_or(String::new(), |_| format!(
-                            " for plan {:?}",
-                            p.view.info().dataset
-                        ))
-                    );
-                    None
-                } else {
-                    Some(p.view.step_npy_len().max(1))
-                }
-            })
-            .collect();
+        let name = |k: usize| {
+            self.named
+                .as_ref()
+                .map_or(String::new(), |n| format!(" (plan {:?})", n.names[k]))
+        };
+        let mut lens: Vec<Option<u64>> = Vec::with_capacity(self.plans.len());
+        for (k, p) in self.plans.iter().enumerate() {
+            let step = p.view.step_npy_len().max(1);
+            lens.push(if p.view.variable_step_sizes() {
+                // The cache recycles buffers of one size per plan.
+                log::info!(
+                    "the schedule changes the batch size{}: step cache and prefetch off",
+                    name(k)
+                );
+                None
+            } else if budget / step < 2 {
+                log::info!(
+                    "step files of {step} bytes{} do not fit a {budget}-byte cache twice: \
+                     cache off",
+                    name(k)
+                );
+                None
+            } else {
+                Some(step)
+            });
+        }
         let Some(step) = lens.iter().flatten().copied().max() else {
             return self;
         };
-        if budget / step < 2 {
-            log::info!(
-                "step files of {step} bytes do not fit a {budget}-byte cache twice: cache off"
-            );
-            return self;
-        }
-        // The LRU map is allocated up front: bound the entry count for tiny step files.
+        // The LRU counts entries: size them for the largest step file cached, and bound the
+        // count for tiny step files (the map is allocated up front).
         let entries = (budget / step).min(MAX_CACHE_ENTRIES) as usize;
         let store = StepCache::new(entries, step as usize);
         for (k, (p, len)) in self.plans.iter_mut().zip(lens).enumerate() {
@@ -340,6 +342,11 @@ impl ShuffleFs {
     /// The prefetcher of the first plan, if enabled.
     pub fn prefetcher(&self) -> Option<&Prefetcher> {
         self.plans[0].prefetcher.as_ref()
+    }
+
+    /// Every plan's prefetcher, in plan order (`None`: that plan has none).
+    pub fn prefetchers(&self) -> impl Iterator<Item = Option<&Prefetcher>> {
+        self.plans.iter().map(|p| p.prefetcher.as_ref())
     }
 
     /// The bytes of `stats.json` of `loc`'s plan (or of the top level) now (see `stats.rs`).

@@ -315,6 +315,89 @@ fn the_plans_share_one_step_cache() {
 }
 
 #[test]
+fn plans_with_prefetch_into_the_shared_cache_serve_their_own_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    sources(dir.path());
+    write_configs(dir.path());
+    // No worker threads: each read's prefetches run right after it (run_queued), so the
+    // next reads find them in the cache.
+    let prefetch = shufflefs::PrefetchConfig {
+        depth: 4,
+        workers: 0,
+        adaptive: false,
+    };
+    let fs = multi(dir.path(), false).with_cache(64 << 20, prefetch);
+    let (main, other) = (alone(dir.path(), "main"), alone(dir.path(), "other"));
+    // Interleaved reads of two plans whose step keys are the same: each gets its own bytes,
+    // whether the prefetcher or the read assembled them.
+    for step in 0..20u64 {
+        for (name, view) in [("main", &main), ("other", &other)] {
+            let key = StepKey {
+                epoch: 0,
+                rank: 0,
+                step,
+            };
+            let path = format!("plan/{name}/epoch/0/rank/0/step/{step}.npy");
+            assert_eq!(
+                read(&fs, &path),
+                view.render_step_npy(key).unwrap(),
+                "{path}"
+            );
+            for p in fs.prefetchers().flatten() {
+                p.run_queued();
+            }
+        }
+    }
+    let stats = fs.cache().unwrap().stats();
+    assert!(stats.prefetched >= 30 && stats.hits >= 30, "{stats:?}");
+}
+
+#[test]
+fn a_plan_inherits_the_top_schedule_or_replaces_it() {
+    let dir = tempfile::tempdir().unwrap();
+    sources(dir.path());
+    let schedule = "[[schedule]]\nfrom_step = 10\nweights = { a = 1, b = 1, c = 1 }\n";
+    let run = format!(
+        "{TOP}{SOURCES}{schedule}[[plan]]\nname = \"inherits\"\n\
+         [[plan]]\nname = \"own\"\nweights = {{ a = 1, b = 0, c = 1 }}\nschedule = []\n"
+    );
+    std::fs::write(dir.path().join("run.toml"), run).unwrap();
+    std::fs::write(
+        dir.path().join("inherits.toml"),
+        format!("{TOP}{SOURCES}{schedule}"),
+    )
+    .unwrap();
+    let own_sources = SOURCES
+        .replace("weight = 0.6", "weight = 1")
+        .replace("weight = 0.3", "weight = 0")
+        .replace("weight = 0.1", "weight = 1");
+    std::fs::write(dir.path().join("own.toml"), format!("{TOP}{own_sources}")).unwrap();
+    let fs = multi(dir.path(), false);
+    for name in ["inherits", "own"] {
+        let want = alone(dir.path(), name);
+        let got = fs.plans().find(|(n, _)| *n == Some(name)).unwrap().1;
+        assert_eq!(got.fingerprint(), want.fingerprint(), "{name}");
+        for step in [0u64, 9, 10, 29] {
+            let key = StepKey {
+                epoch: 1,
+                rank: 1,
+                step,
+            };
+            assert_eq!(
+                got.render_step_npy(key).unwrap(),
+                want.render_step_npy(key).unwrap(),
+                "{name} {key:?}"
+            );
+            assert_eq!(
+                got.step_json(key).unwrap(),
+                want.step_json(key).unwrap(),
+                "{name} {key:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn a_mount_serves_every_plan_or_the_one_asked_for() {
     let dir = tempfile::tempdir().unwrap();
     sources(dir.path());
@@ -371,9 +454,27 @@ fn a_mount_serves_every_plan_or_the_one_asked_for() {
             assert_eq!(got, want.render_step_npy(key).unwrap(), "{name} {key:?}");
         }
     }
-    let top: Value =
-        serde_json::from_slice(&std::fs::read(mnt.path().join("info.json")).unwrap()).unwrap();
+    let bytes = std::fs::read(mnt.path().join("info.json")).unwrap();
+    let len = std::fs::metadata(mnt.path().join("info.json"))
+        .unwrap()
+        .len();
+    assert_eq!(
+        bytes.len() as u64,
+        len,
+        "the top info.json's size is its bytes'"
+    );
+    let top: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(top["plans"].as_array().unwrap().len(), 3);
+    // Every stats.json, opened through the kernel, is one snapshot of the shared cache.
+    for path in [
+        "stats.json",
+        "plan/main/stats.json",
+        "plan/other/stats.json",
+    ] {
+        let s: Value =
+            serde_json::from_slice(&std::fs::read(mnt.path().join(path)).unwrap()).unwrap();
+        assert_eq!(s["cache_enabled"], true, "{path}: {s}");
+    }
     let mut names: Vec<String> = std::fs::read_dir(mnt.path().join("plan"))
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -430,6 +531,33 @@ fn mistakes_in_plan_tables_are_refused_naming_the_file_and_the_plan() {
         (
             format!("stride = 3\nbatch_size = 1\nsteps_per_epoch = 2\n{SOURCES}{one}"),
             "plan \"x\": missing window",
+        ),
+        (
+            format!("{TOP}{SOURCES}[[plan]]\nname = \"x\"\nwindow = 33\n"),
+            "plan \"x\" sets window but not stride",
+        ),
+        (
+            format!(
+                "{TOP}{SOURCES}[[schedule]]\nfrom_step = 5\nweights = {{ a = 1, b = 1, c = 1 }}\n\
+                 [[plan]]\nname = \"x\"\nweights = {{ a = 1, b = 0, c = 0 }}\n"
+            ),
+            "would inherit the top level's [[schedule]]",
+        ),
+        (
+            format!(
+                "{TOP}{SOURCES}[[schedule]]\nfrom_step = 5\nweights = {{ zzz = 1 }}\n\
+                 [[plan]]\nname = \"x\"\nschedule = []\n"
+            ),
+            "the top level's schedule[0]: no source named \"zzz\"",
+        ),
+        (
+            format!(
+                "{TOP}{SOURCES}{}",
+                (0..65)
+                    .map(|i| format!("[[plan]]\nname = \"p{i}\"\n"))
+                    .collect::<String>()
+            ),
+            "65 [[plan]] tables: at most 64",
         ),
     ] {
         std::fs::write(&path, &text).unwrap();
