@@ -131,6 +131,11 @@ impl StepCache {
         }
     }
 
+    /// How many step files the cache holds at most (shared by the plans of a mount).
+    pub(crate) fn capacity(&self) -> usize {
+        self.store.capacity
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<(u32, StepKey), Entry>> {
         self.store.map.lock().unwrap_or_else(|p| p.into_inner())
     }

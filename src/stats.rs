@@ -25,6 +25,8 @@ struct Stats {
     cache: cache::Stats,
     cache_enabled: bool,
     prefetch_active: bool,
+    /// Steps a read queues ahead now (the deepest of the plans; 0 without prefetch).
+    prefetch_depth: u64,
     prefill: Option<PrefillStats>,
     /// Remote reads of the process (`null` before the first).
     remote: Option<serde_json::Value>,
@@ -40,6 +42,7 @@ pub(crate) fn render(
         cache: cache.map(StepCache::stats).unwrap_or_default(),
         cache_enabled: cache.is_some(),
         prefetch_active: prefetchers.iter().any(|p| p.is_active()),
+        prefetch_depth: prefetchers.iter().map(|p| p.depth()).max().unwrap_or(0),
         prefill: prefetchers
             .iter()
             .find_map(|p| p.prefill())
@@ -80,6 +83,7 @@ mod tests {
             cache: cache.stats(),
             cache_enabled: true,
             prefetch_active: false,
+            prefetch_depth: 4,
             prefill: Some(prefill),
             remote: Some(serde_json::json!({"requests": 1})),
         };
@@ -89,6 +93,7 @@ mod tests {
             "cache_enabled": true,
             "cache": cache.stats(),
             "prefetch_active": false,
+            "prefetch_depth": 4,
             "prefill": prefill,
             "remote": {"requests": 1},
         });

@@ -2,7 +2,8 @@
 //!
 //! When a reader reads step `s` of `(epoch, rank)`, `Prefetcher::hint` queues steps
 //! `s+1 ..= s+depth` of the same rank (continuing into the next epoch's first steps), skipping
-//! those already cached or being assembled. Background workers assemble each queued step with
+//! those already cached or being assembled; `depth` is at least `--prefetch-depth`, deeper
+//! when assemblies take longer than reads (`depth.rs`). Background workers assemble each queued step with
 //! the `render` function and insert it into the `StepCache` marked as prefetched. The queue is
 //! bounded: when readers outrun the workers, the oldest hints are dropped (they would arrive
 //! too late anyway). A failed prefetch is counted and logged; the later foreground read
@@ -23,8 +24,10 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+mod depth;
 mod governor;
 
+use depth::Meter;
 use governor::Governor;
 
 use log::trace;
@@ -89,6 +92,8 @@ struct State {
     recent: LruCache<StepKey, ()>,
     /// Whether prefetching pays (only with background workers).
     governor: Option<Governor>,
+    /// What sets the depth (only with background workers: `depth.rs`).
+    meter: Option<Meter>,
     shutdown: bool,
 }
 
@@ -108,10 +113,14 @@ struct Shared {
 }
 
 impl Shared {
-    /// The prefetch depth: deeper with prefill; never beyond [`MAX_DEPTH`].
-    fn depth_now(&self) -> u64 {
+    /// The prefetch depth: the configured one, deeper with prefill, else as deep as the
+    /// measured assemblies and reads need within the cache (`depth.rs`); never beyond
+    /// [`MAX_DEPTH`].
+    fn depth_now(&self, state: &State) -> u64 {
         let depth = if self.prefill.get().is_some() {
             self.depth.max(PREFILL_DEPTH)
+        } else if let Some(meter) = &state.meter {
+            meter.depth(self.depth, self.cache.capacity())
         } else {
             self.depth
         };
@@ -173,6 +182,7 @@ impl Prefetcher {
                 recent: LruCache::new(RECENT_READS),
                 governor: (config.workers > 0 && config.adaptive)
                     .then(|| Governor::new(Instant::now())),
+                meter: (config.workers > 0).then(Meter::new),
                 shutdown: false,
             }),
             wake: Condvar::new(),
@@ -181,10 +191,11 @@ impl Prefetcher {
             render,
             plan,
             depth: config.depth,
-            // Enough for every worker's share of a few readers' windows.
+            // Enough for every worker's share of a few readers' windows (the depth may grow:
+            // `depth.rs`).
             max_queue: (config.depth.min(MAX_DEPTH) as usize)
                 .saturating_mul(64)
-                .max(16),
+                .max(1024),
             prefill: OnceLock::new(),
         });
         let workers = (0..config.workers)
@@ -230,6 +241,9 @@ impl Prefetcher {
         }
         let mut state = s.state.lock().unwrap_or_else(|p| p.into_inner());
         state.recent.put(key, ());
+        if let Some(meter) = &mut state.meter {
+            meter.read(key.rank, Instant::now());
+        }
         // With prefill, most reads are served by the kernel and never reach this count, so
         // the governor's read rate would always favour prefetch off: it only runs without.
         if let Some(g) = state
@@ -251,7 +265,7 @@ impl Prefetcher {
         }
         let mut next = key;
         let mut added = false;
-        for _ in 0..s.depth_now() {
+        for _ in 0..s.depth_now(&state) {
             let Some(k) = Self::next_key(&s.plan, next) else {
                 break;
             };
@@ -332,6 +346,12 @@ impl Prefetcher {
         self.shared.prefill.get()
     }
 
+    /// How many steps ahead a read queues now (`depth.rs`).
+    pub(crate) fn depth(&self) -> u64 {
+        let state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.shared.depth_now(&state)
+    }
+
     /// Whether prefetching is on now (the governor may pause it; see [`Governor`]).
     pub(crate) fn is_active(&self) -> bool {
         let state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -365,9 +385,11 @@ fn take(s: &Shared, wait: bool) -> Option<StepKey> {
 }
 
 fn assemble(s: &Shared, key: StepKey) {
+    let mut rendered = None;
     let bytes = match s.cache.peek(key) {
         Some(bytes) => Some(bytes),
         None => {
+            let started = Instant::now();
             let mut bytes = s.cache.buffer();
             let filled = match Arc::get_mut(&mut bytes) {
                 Some(buf) => (s.render)(key, buf),
@@ -375,6 +397,7 @@ fn assemble(s: &Shared, key: StepKey) {
             };
             match filled {
                 Ok(()) => {
+                    rendered = Some(started.elapsed());
                     s.cache.insert(key, bytes.clone(), true);
                     Some(bytes)
                 }
@@ -393,17 +416,20 @@ fn assemble(s: &Shared, key: StepKey) {
     // Readers waiting for this step go first: with prefill, a reader may be reading the step
     // through the page cache right now, its pages locked until the daemon answers, and a
     // store into those pages would wait for that answer.
-    let read_lately = {
+    let (read_lately, depth) = {
         let mut state = s.state.lock().unwrap_or_else(|p| p.into_inner());
         state.pending.remove(&key);
-        state.recent.contains(&key)
+        if let (Some(meter), Some(took)) = (&mut state.meter, rendered) {
+            meter.assembled(took);
+        }
+        (state.recent.contains(&key), s.depth_now(&state))
     };
     s.finished.notify_all();
     if let (Some(p), Some(bytes)) = (s.prefill.get(), &bytes)
         && !read_lately
         && !p.is_stored(key)
     {
-        p.store(key, bytes, is_trigger(&s.plan, key, s.depth_now()));
+        p.store(key, bytes, is_trigger(&s.plan, key, depth));
     }
 }
 
