@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use lru::LruCache;
 
+use crate::shuffle::plan::StepKey;
+
 /// Ranks whose last read is remembered (the active ranks are counted among them).
 const RANKS: NonZeroUsize = NonZeroUsize::new(1024).expect("non-zero");
 
@@ -35,7 +37,8 @@ pub(super) struct Meter {
     /// Smoothed interval between two reads of one rank, in seconds.
     interval: f64,
     intervals: u64,
-    last_read: LruCache<u64, Instant>,
+    /// Each rank's last step read, and when it was first read.
+    last_read: LruCache<u64, (StepKey, Instant)>,
     /// Ranks read lately, counted every [`Meter::COUNT_EVERY`] reads.
     active: usize,
     reads: u64,
@@ -70,9 +73,17 @@ impl Meter {
         self.assembled += 1;
     }
 
-    /// Rank `rank` read a step at `now`.
-    pub(super) fn read(&mut self, rank: u64, now: Instant) {
-        if let Some(last) = self.last_read.put(rank, now) {
+    /// A read of step `key` at `now` (a step file takes several reads: only the first of
+    /// each step counts).
+    pub(super) fn read(&mut self, key: StepKey, now: Instant) {
+        if self
+            .last_read
+            .peek(&key.rank)
+            .is_some_and(|(k, _)| *k == key)
+        {
+            return;
+        }
+        if let Some((_, last)) = self.last_read.put(key.rank, (key, now)) {
             let gap = now.saturating_duration_since(last);
             if gap < PAUSE {
                 let g = gap.as_secs_f64();
@@ -92,7 +103,7 @@ impl Meter {
             self.active = self
                 .last_read
                 .iter()
-                .filter(|(_, t)| now.saturating_duration_since(**t) <= window)
+                .filter(|(_, (_, t))| now.saturating_duration_since(*t) <= window)
                 .count()
                 .max(1);
         }
@@ -146,10 +157,19 @@ mod tests {
         let mut m = Meter::new();
         assert_eq!(m.depth(4, 1024), 4, "nothing measured: the floor");
         let t0 = Instant::now();
+        let key = |rank, step| StepKey {
+            epoch: 0,
+            rank,
+            step,
+        };
         for i in 0..200u32 {
-            // Two ranks reading every 10 ms each; assemblies of 50 ms.
-            m.read(0, t0 + Duration::from_millis(10) * i);
-            m.read(1, t0 + Duration::from_millis(10) * i);
+            // Two ranks reading a step every 10 ms each, in three reads; assemblies of 50 ms.
+            let t = t0 + Duration::from_millis(10) * i;
+            for rank in 0..2 {
+                for part in 0..3 {
+                    m.read(key(rank, u64::from(i)), t + Duration::from_micros(part));
+                }
+            }
             m.assembled(Duration::from_millis(50));
         }
         // 50 ms (no spread left) over 10 ms: 5 + 1.
@@ -159,7 +179,7 @@ mod tests {
         // A cache of 8 files for 2 ranks: 2 each at most, so the floor.
         assert_eq!(m.depth(4, 8), 4);
         // A pause (a checkpoint) is not an interval.
-        m.read(0, t0 + Duration::from_secs(60));
+        m.read(key(0, 1000), t0 + Duration::from_secs(60));
         assert!((m.interval - 0.01).abs() < 1e-9);
         // Slow, spread assemblies go deeper.
         for ms in [20, 200, 20, 200, 20, 200] {

@@ -242,7 +242,7 @@ impl Prefetcher {
         let mut state = s.state.lock().unwrap_or_else(|p| p.into_inner());
         state.recent.put(key, ());
         if let Some(meter) = &mut state.meter {
-            meter.read(key.rank, Instant::now());
+            meter.read(key, Instant::now());
         }
         // With prefill, most reads are served by the kernel and never reach this count, so
         // the governor's read rate would always favour prefetch off: it only runs without.
