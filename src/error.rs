@@ -220,7 +220,17 @@ impl fmt::Display for Error {
                 path,
                 offset: None,
                 source,
-            } => write!(f, "{}: {source}", path.display()),
+            } => {
+                // A remote error names its object already.
+                let (path, source) = (path.display().to_string(), source.to_string());
+                match source
+                    .strip_prefix(&path)
+                    .and_then(|s| s.strip_prefix(": "))
+                {
+                    Some(rest) => write!(f, "{path}: {rest}"),
+                    None => write!(f, "{path}: {source}"),
+                }
+            }
         }
     }
 }

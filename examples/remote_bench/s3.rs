@@ -1,5 +1,6 @@
 //! A minimal S3 server for benchmarks, std threads on 127.0.0.1: path-style `GET`/`HEAD
-//! /BUCKET/KEY` with `Range` (one range), `ETag` and `If-Match`. KEY is a file under `dir`, or a
+//! /BUCKET/KEY` with `Range` (one range), `ETag` and `If-Match`, and `GET
+//! /BUCKET?list-type=2&prefix=P` (ListObjectsV2 of the files, one page). KEY is a file under `dir`, or a
 //! virtual object `VIRTUAL_PREFIX*` of `virtual_size` bytes whose byte `i` is
 //! [`virtual_byte`]`(i)` (a dataset of any size without disk). Any signature is accepted.
 //! Unlike moto, a range costs its length, not the object's.
@@ -90,6 +91,16 @@ fn serve(conn: TcpStream, dir: &std::path::Path, virtual_size: u64) -> io::Resul
             .unwrap_or("")
             .trim_start_matches('/');
         let key = path.split_once('/').map_or("", |(_, k)| k);
+        if let Some(prefix) = list_prefix(target).filter(|_| method == "GET" && key.is_empty()) {
+            let body = list(dir, &prefix);
+            write!(
+                w,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )?;
+            w.flush()?;
+            continue;
+        }
         // A file under `dir` (a manifest) first, else a virtual object.
         let file = (!key.contains(".."))
             .then(|| std::fs::File::open(dir.join(key)).ok())
@@ -159,4 +170,82 @@ fn serve(conn: TcpStream, dir: &std::path::Path, virtual_size: u64) -> io::Resul
         w.flush()?;
     }
     Ok(())
+}
+
+/// The `prefix` of a ListObjectsV2 request target (`/BUCKET?list-type=2&prefix=...`).
+fn list_prefix(target: &str) -> Option<String> {
+    let query = target.split_once('?')?.1;
+    let mut list = false;
+    let mut prefix = String::new();
+    for pair in query.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "list-type" => list = v == "2",
+            "prefix" => prefix = percent_decode(v),
+            _ => {}
+        }
+    }
+    list.then_some(prefix)
+}
+
+fn percent_decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(c) => {
+                        out.push(c);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A ListObjectsV2 result: every file under `dir` whose key starts with `prefix`.
+fn list(dir: &std::path::Path, prefix: &str) -> String {
+    let mut keys = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let (Ok(rel), Ok(m)) = (p.strip_prefix(dir), e.metadata()) {
+                let key = rel.to_string_lossy().into_owned();
+                if key.starts_with(prefix) {
+                    keys.push((key, m.len()));
+                }
+            }
+        }
+    }
+    keys.sort();
+    let mut xml = String::from(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult \
+         xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>b</Name>",
+    );
+    xml += &format!(
+        "<Prefix>{prefix}</Prefix><KeyCount>{}</KeyCount><MaxKeys>1000</MaxKeys>\
+         <IsTruncated>false</IsTruncated>",
+        keys.len()
+    );
+    for (key, size) in keys {
+        xml += &format!(
+            "<Contents><Key>{key}</Key><LastModified>2026-01-01T00:00:00.000Z</LastModified>\
+             <ETag>&quot;f&quot;</ETag><Size>{size}</Size><StorageClass>STANDARD</StorageClass>\
+             </Contents>"
+        );
+    }
+    xml + "</ListBucketResult>"
 }

@@ -29,7 +29,7 @@ use crate::format::checksum;
 use crate::format::docfiles::{DOC_RECORD, DocFile, ID_BYTES, OFFSET_BYTES};
 use crate::format::{MANIFEST, Manifest, ShardDocs, ShardEntry, parse_hash};
 use crate::storage::fdpool::DEFAULT_MAX_OPEN;
-use crate::storage::remote::{self, Location, RemoteObject};
+use crate::storage::remote::{self, Listing, Location, RemoteObject};
 use crate::storage::{LocalFiles, MAX_MANIFEST_BYTES, ReadAt, mtime_ns, read_manifest};
 
 impl Dataset {
@@ -51,10 +51,13 @@ impl Dataset {
         if remote::is_remote(dir) {
             let location = location(dir)?;
             let manifest_path = location.join(MANIFEST).map_err(Error::invalid)?;
-            let bytes = remote::read_small(&manifest_path, MAX_MANIFEST_BYTES)
-                .map_err(|e| remote_error(&manifest_path.path(), e))?;
+            // The listing pins the manifest's files in the manifest's round trip (S3).
+            let (bytes, listing) =
+                remote::read_small_listing(&manifest_path, Some(&location), MAX_MANIFEST_BYTES);
+            let bytes = bytes.map_err(|e| remote_error(&manifest_path.path(), e))?;
             let manifest = Manifest::parse(&bytes, &manifest_path.path())?;
-            let files = Files::new(FilesKind::Remote(location.clone()));
+            let mut files = Files::new(FilesKind::Remote(location.clone()));
+            files.listing = listing;
             let dir = location.path();
             files.open_remote_ahead(&dir, &manifest)?;
             let shards = manifest
@@ -127,6 +130,8 @@ struct Files {
     kind: FilesKind,
     /// Remote objects opened together ahead of the checks ([`Files::open_remote_ahead`]).
     ahead: RefCell<HashMap<PathBuf, std::result::Result<RemoteObject, remote::StorageError>>>,
+    /// The objects listed under a remote dataset's prefix with its manifest (S3).
+    listing: Listing,
 }
 
 enum FilesKind {
@@ -147,11 +152,13 @@ impl Files {
         Files {
             kind,
             ahead: RefCell::new(HashMap::new()),
+            listing: Listing::default(),
         }
     }
 
     /// Opens every remote object `manifest` (of `dir`) lists, all at once: one round trip,
-    /// not one per file. The checks of each come later, in [`Files::open`].
+    /// not one per file, and none for those the listing holds. The checks of each come later,
+    /// in [`Files::open`].
     fn open_remote_ahead(&self, dir: &Path, manifest: &Manifest) -> Result<()> {
         if let FilesKind::Local {
             remote_ok: false, ..
@@ -170,7 +177,7 @@ impl Files {
             .iter()
             .map(|p| location(p))
             .collect::<Result<Vec<_>>>()?;
-        let opened = RemoteObject::open_many(&locations);
+        let opened = RemoteObject::open_many_listed(&locations, &self.listing);
         self.ahead
             .borrow_mut()
             .extend(paths.into_iter().zip(opened));

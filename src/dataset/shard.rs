@@ -173,6 +173,22 @@ impl Shard {
     pub(crate) fn sampled_identity(&self) -> Result<String> {
         let ranges = format::sample_ranges(self.len);
         let mut sampled = vec![0u8; ranges.iter().map(|r| r.1 as usize).sum()];
+        if let Some(object) = self.source.as_remote() {
+            // Every sample in one round trip, not one each.
+            let mut reads = Vec::with_capacity(ranges.len());
+            let mut rest = &mut sampled[..];
+            for &(offset, len) in &ranges {
+                let (buf, tail) = rest.split_at_mut(len as usize);
+                reads.push((object, self.offset + offset, buf));
+                rest = tail;
+            }
+            crate::storage::remote::read_many(&mut reads).map_err(|e| Error::Io {
+                path: self.path.clone(),
+                offset: None,
+                source: e.into(),
+            })?;
+            return Ok(format::sampled_identity(self.len, &sampled));
+        }
         let mut at = 0usize;
         for (offset, len) in ranges {
             self.read_exact_at(&mut sampled[at..at + len as usize], offset)?;

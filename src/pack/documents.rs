@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::format::docfiles::DocRecord;
 use crate::format::dtype::ScalarType;
 use crate::format::{ContentHasher, ShardDocs, format_hash};
+use crate::storage::remote::{self, Location, RemoteObject};
 
 /// Where an input's document boundaries come from, besides a separator scan.
 #[derive(Debug)]
@@ -89,8 +90,14 @@ pub(super) fn for_each_end(
         Native::Datatrove(file, index) => file.for_each_end(index, &mut f)?,
         Native::None => {
             if let Some((rule, dtype)) = scan {
-                let file = File::open(path).map_err(|e| Error::io(path, e))?;
-                let found = doc_scan::scan(&file, path, offset, records, dtype, rule)?;
+                let file: Box<dyn crate::storage::ReadAt> = if remote::is_remote(path) {
+                    let location =
+                        Location::parse(&path.to_string_lossy()).map_err(Error::invalid)?;
+                    Box::new(RemoteObject::open(&location).map_err(|e| Error::io(path, e.into()))?)
+                } else {
+                    Box::new(File::open(path).map_err(|e| Error::io(path, e))?)
+                };
+                let found = doc_scan::scan(&*file, path, offset, records, dtype, rule)?;
                 for &e in &found.ends {
                     f(e)?;
                 }

@@ -3,6 +3,7 @@
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::documents::{CompactDocs, Native, for_each_end, scan_rule};
 use super::formats::doc_scan::Rule;
@@ -12,6 +13,8 @@ use crate::error::{Error, Result};
 use crate::format::dtype::ScalarType;
 use crate::format::sniff::Kind;
 use crate::format::{self, MANIFEST, Manifest, ShardDocs, ShardEntry, shard_name};
+use crate::storage::ReadAt;
+use crate::storage::remote::{self, Location, RemoteObject};
 
 /// `shufflefs pack --in-place`: writes only a manifest that references the input files
 /// themselves as shards, without copying them (it reads 16 pages of each). The inputs get the
@@ -57,7 +60,11 @@ pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> R
             // An input without records adds nothing (a copy skips it too).
             continue;
         }
-        let abs = input.canonicalize().map_err(|e| Error::io(&input, e))?;
+        let abs = if remote::is_remote(&input) {
+            input
+        } else {
+            input.canonicalize().map_err(|e| Error::io(&input, e))?
+        };
         if abs.to_str().is_none() {
             return Err(Error::invalid(format!(
                 "{}: path is not UTF-8",
@@ -173,16 +180,24 @@ fn reference_in_place(
     (offset, bytes, itemsize): (u64, u64, u64),
     format: &str,
 ) -> Result<ShardEntry> {
-    let file = File::open(abs).map_err(|e| Error::io(abs, e))?;
-    let meta = file.metadata().map_err(|e| Error::io(abs, e))?;
-    if meta.len() != offset + bytes {
+    let (source, len, mtime): (Arc<dyn ReadAt>, u64, u64) = if remote::is_remote(abs) {
+        // A remote object: referenced by its URL; its Last-Modified is its mtime.
+        let location = Location::parse(&abs.to_string_lossy()).map_err(Error::invalid)?;
+        let object = RemoteObject::open(&location).map_err(|e| Error::io(abs, e.into()))?;
+        let (len, mtime) = (object.len(), object.mtime_ns());
+        (Arc::new(object), len, mtime)
+    } else {
+        let file = File::open(abs).map_err(|e| Error::io(abs, e))?;
+        let meta = file.metadata().map_err(|e| Error::io(abs, e))?;
+        (Arc::new(file), meta.len(), crate::storage::mtime_ns(&meta))
+    };
+    if len != offset + bytes {
         return Err(Error::invalid(format!(
             "{}: the file changed while packing; re-run pack when it is complete",
             abs.display()
         )));
     }
-    let shard =
-        crate::dataset::Shard::new(abs, bytes, std::sync::Arc::new(file)).with_offset(offset);
+    let shard = crate::dataset::Shard::new(abs, bytes, source).with_offset(offset);
     let hash = shard.sampled_identity()?;
     let inside = abs
         .strip_prefix(dir)
@@ -193,7 +208,6 @@ fn reference_in_place(
         Some(rel) => rel.to_string(),
         None => abs.to_str().expect("checked UTF-8").to_string(),
     };
-    let mtime = crate::storage::mtime_ns(&meta);
     Ok(ShardEntry {
         in_place_guard: Some(format::in_place_guard(&path, bytes, mtime, &hash)),
         hash,

@@ -3,7 +3,6 @@
 //! content against `--dtype`'s width; the same checks for a copy and `--in-place`.
 
 use std::fs::{self, File};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::PackOptions;
@@ -14,6 +13,8 @@ use crate::error::{Error, Result};
 use crate::format::dtype::{RecordType, ScalarType};
 use crate::format::npy;
 use crate::format::sniff::{self, Kind};
+use crate::storage::ReadAt;
+use crate::storage::remote;
 
 /// One checked input.
 #[derive(Debug)]
@@ -76,6 +77,9 @@ fn check_input(
     record: &mut Option<RecordType>,
     options: &PackOptions,
 ) -> Result<Input> {
+    if remote::is_remote(path) {
+        return super::remote_inputs::check(path, record, options);
+    }
     let at = |msg: String| Error::invalid(format!("{}: {msg}", path.display()));
     // metadata before open: opening a FIFO would block.
     let meta = fs::metadata(path).map_err(|e| Error::io(path, e))?;
@@ -85,9 +89,21 @@ fn check_input(
     if let Some(input) = check_indexed(path, record, options)? {
         return Ok(input);
     }
-    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let len = meta.len();
-    let kind = match sniff::sniff_file(path, &file, len).map_err(|e| Error::io(path, e))? {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    check_records(path, &file, meta.len(), record, options)
+}
+
+/// The checks of [`check_input`] once the file (`len` bytes, local or remote) is open and
+/// is not a token file with its own index.
+pub(super) fn check_records(
+    path: &Path,
+    file: &dyn ReadAt,
+    len: u64,
+    record: &mut Option<RecordType>,
+    options: &PackOptions,
+) -> Result<Input> {
+    let at = |msg: String| Error::invalid(format!("{}: {msg}", path.display()));
+    let kind = match sniff::sniff_file(path, file, len).map_err(|e| Error::io(path, e))? {
         Ok(kind) => kind,
         Err(r) if r.heuristic && options.force => Kind::Raw,
         Err(r) => {
@@ -137,7 +153,7 @@ fn check_input(
                 }));
             };
             let itemsize = r.itemsize() as u64;
-            if len % itemsize != 0 {
+            if !len.is_multiple_of(itemsize) {
                 return Err(at(format!(
                     "{len} bytes is not a whole number of {} records ({itemsize} bytes each); \
                      is --dtype right?",
@@ -146,7 +162,7 @@ fn check_input(
             }
             if let Some(t) = r.scalar_type()
                 && !options.force
-                && let Some(g) = sniff::width(&file, 0, len, t).map_err(|e| Error::io(path, e))?
+                && let Some(g) = sniff::width(file, 0, len, t).map_err(|e| Error::io(path, e))?
             {
                 let like = g.looks_like;
                 return Err(at(format!(
@@ -198,7 +214,7 @@ fn check_input(
                 native: Native::None,
             })
         }
-        Kind::Npy => check_npy(path, &mut file, len, record),
+        Kind::Npy => check_npy(path, file, len, record),
     }
 }
 
@@ -206,15 +222,13 @@ fn check_input(
 /// record type pack supports, whose header promises exactly the bytes the file holds.
 fn check_npy(
     path: &Path,
-    file: &mut File,
+    file: &dyn ReadAt,
     len: u64,
     record: &mut Option<RecordType>,
 ) -> Result<Input> {
     let at = |msg: String| Error::invalid(format!("{}: {msg}", path.display()));
-    let mut head = Vec::with_capacity(4096);
-    file.take(65536 + 16)
-        .read_to_end(&mut head)
-        .map_err(|e| Error::io(path, e))?;
+    let head =
+        sniff::read_at(file, 0, len.min(65536 + 16) as usize).map_err(|e| Error::io(path, e))?;
     let header = npy::parse_header(&head).map_err(|e| at(e.to_string()))?;
     if header.descr.trim_start_matches(['|', '<', '>', '=']) == "O" {
         return Err(at(
@@ -312,14 +326,25 @@ fn check_indexed(
         } else {
             return Ok(None);
         };
-    agree(path, record, options.dtype, dtype, &what)?;
-    Ok(Some(Input::Records {
+    indexed(path, record, options, (native, dtype, bytes, &what)).map(Some)
+}
+
+/// The input of a token file with its own index (`native`), of `bytes` bytes of `dtype`
+/// tokens (`what` it is, for messages).
+pub(super) fn indexed(
+    path: &Path,
+    record: &mut Option<RecordType>,
+    options: &PackOptions,
+    (native, dtype, bytes, what): (Native, ScalarType, u64, &str),
+) -> Result<Input> {
+    agree(path, record, options.dtype, dtype, what)?;
+    Ok(Input::Records {
         path: path.to_path_buf(),
         offset: 0,
         bytes,
         kind: Kind::Raw,
         native,
-    }))
+    })
 }
 
 /// The token type `found` that an input defines agrees with `--dtype` (`flag`) and with the
@@ -363,7 +388,9 @@ fn agree(
 pub(super) fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut out: Vec<PathBuf> = Vec::new();
     for p in inputs {
-        if p.is_dir() {
+        if remote::is_remote(p) {
+            out.extend(super::remote_inputs::expand(p)?);
+        } else if p.is_dir() {
             if p.join("state.json").is_file() || p.join("dataset_dict.json").is_file() {
                 out.extend(super::formats::hf::disk_files(p)?);
                 continue;
@@ -403,7 +430,10 @@ pub(super) fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
         let token_file = if name.ends_with(".idx") {
             let bin = megatron::bin_path(&p);
-            bin.is_file().then_some(bin)
+            (bin.is_file() || remote::is_remote(&bin)).then_some(bin)
+        } else if remote::is_remote(&p) {
+            // Remote datatrove files are refused by name (remote_inputs.rs).
+            None
         } else if let Some(ds) = [".ds.index", ".ds.metadata", ".ds.loss"]
             .iter()
             .find_map(|suffix| name.strip_suffix(suffix))
@@ -437,7 +467,7 @@ pub(super) fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(result)
 }
 
-fn is_glob(p: &Path) -> bool {
+pub(super) fn is_glob(p: &Path) -> bool {
     p.file_name()
         .and_then(|n| n.to_str())
         .is_some_and(|n| n.contains(['*', '?']))
@@ -461,7 +491,7 @@ fn list_dir(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Vec<PathBuf>> {
 }
 
 /// Whether `name` matches `pattern` (`*` any run of characters, `?` one character).
-fn wildcard(pattern: &str, name: &str) -> bool {
+pub(super) fn wildcard(pattern: &str, name: &str) -> bool {
     let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
     // Iterative match with backtracking to the last `*`: O(len(p) * len(n)) at worst.
     let (mut i, mut j, mut star, mut mark) = (0usize, 0usize, None, 0usize);

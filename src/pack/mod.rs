@@ -41,6 +41,7 @@ pub mod formats;
 mod in_place;
 mod inputs;
 mod jsonl;
+mod remote_inputs;
 mod writer;
 
 use documents::{for_each_end, scan_rule};
@@ -121,6 +122,13 @@ impl Written {
 /// Packs `inputs` into `dir`. Returns the manifest written.
 pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Manifest> {
     let inputs = expand_inputs(inputs)?;
+    if let Some(url) = inputs.iter().find(|p| crate::storage::remote::is_remote(p)) {
+        return Err(Error::invalid(format!(
+            "{}: a remote input is referenced where it is: pack --in-place (a copy of it \
+             needs it on local disk first)",
+            url.display()
+        )));
+    }
     let (checked, record) = check_inputs(&inputs, options)?;
     let itemsize = record.itemsize() as u64;
     let shard_records = options.shard_size / itemsize;

@@ -111,6 +111,14 @@ fn s3_datasets_mount_and_serve_the_bytes_of_local_disk() {
         "mount: {}",
         String::from_utf8_lossy(&o.stderr)
     );
+    // The manifest and one listing of the prefix, fetched together, pin every file: no HEAD
+    // per shard.
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(data.path().join("manifest.json")).unwrap()).unwrap();
+    assert!(manifest["shards"].as_array().unwrap().len() >= 3);
+    let stats: Value =
+        serde_json::from_slice(&std::fs::read(mnt.path().join("stats.json")).unwrap()).unwrap();
+    assert_eq!(stats["remote"]["requests"].as_u64(), Some(2), "{stats}");
     let plan = local.plan();
     for rank in 0..2 {
         for step in 0..plan.steps_per_epoch() {
@@ -501,4 +509,244 @@ fn a_documents_step_looks_up_its_rows_documents_together() {
             local.render_step_npy(key).unwrap()
         );
     }
+}
+
+/// `pack --in-place` of token files as the real tools wrote them (tests/fixtures/formats),
+/// local and remote (`(fixture dir, files, flags)`).
+const TOKEN_FILES: &[(&str, &[&str], &[&str])] = &[
+    (
+        "llmc_gpt2",
+        &[
+            "fineweb_train_000001.bin",
+            "fineweb_train_000002.bin",
+            "fineweb_train_000003.bin",
+        ],
+        &["--doc-start", "50256"],
+    ),
+    (
+        "olmo_dolma2",
+        &["part-0-00000.npy", "part-0-00001.npy", "part-0-00002.npy"],
+        &["--dtype", "u32", "--doc-sep", "100257"],
+    ),
+    (
+        "megatron_files",
+        &["corpus_text_document_00.bin", "corpus_text_document_01.bin"],
+        &[],
+    ),
+];
+
+fn fixture_dir(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/formats")
+        .join(name)
+}
+
+/// `shufflefs pack DIR --in-place FLAGS INPUTS` with `env`.
+fn pack_in_place(dir: &Path, inputs: &[String], flags: &[&str], env: &[(String, String)]) {
+    let mut args = vec!["pack", s(dir), "--in-place", "--no-progress"];
+    args.extend_from_slice(flags);
+    args.extend(inputs.iter().map(String::as_str));
+    let mut cmd = command(&args);
+    cmd.envs(env.iter().cloned());
+    let o = cmd.output().unwrap();
+    assert!(
+        o.status.success(),
+        "pack {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// The manifest of `dir` names every shard by a URL starting with `prefix`, and `dir` holds
+/// no token file: only the manifest and the compact document index.
+fn assert_references(dir: &Path, prefix: &str) {
+    let m = manifest(dir);
+    for shard in m["shards"].as_array().unwrap() {
+        let path = shard["path"].as_str().unwrap();
+        assert!(path.starts_with(prefix), "{path}");
+    }
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        assert!(name == "manifest.json" || name.ends_with(".docs"), "{name}");
+    }
+}
+
+#[test]
+fn pack_in_place_over_http_token_files_serves_the_bytes_of_the_local_files() {
+    let root = Path::new("/");
+    let Some(nginx) = Nginx::start(root) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, files, flags) in TOKEN_FILES {
+        let src = fixture_dir(name);
+        let local_inputs: Vec<String> = files.iter().map(|f| s(&src.join(f)).to_string()).collect();
+        let remote_inputs: Vec<String> = files
+            .iter()
+            .map(|f| url_of(&nginx.url(), root, &src.join(f)))
+            .collect();
+        let (local, remote) = (
+            tmp.path().join(name),
+            tmp.path().join(format!("{name}-http")),
+        );
+        pack_in_place(&local, &local_inputs, flags, &[]);
+        pack_in_place(&remote, &remote_inputs, flags, &[]);
+        assert_references(&remote, &nginx.url());
+        for cfg in [
+            config(17, 16, 3, 2, 5, 1),
+            documents(config(9, 9, 3, 2, 5, 1)),
+        ] {
+            let a = View::open(&local, &cfg).unwrap();
+            let b = View::open(&remote, &cfg).unwrap();
+            assert_same_steps(&a, &b);
+        }
+    }
+    // An HTTP server cannot list: a glob is refused saying so.
+    let glob = format!(
+        "{}/*.bin",
+        url_of(&nginx.url(), root, &fixture_dir("nanogpt"))
+    );
+    let o = command(&[
+        "pack",
+        s(&tmp.path().join("glob")),
+        "--in-place",
+        "--dtype",
+        "u16",
+        &glob,
+    ])
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("cannot list"), "{err}");
+    // A copy of a remote input is refused, pointing at --in-place.
+    let o = command(&[
+        "pack",
+        s(&tmp.path().join("copy")),
+        "--dtype",
+        "u16",
+        &url_of(
+            &nginx.url(),
+            root,
+            &fixture_dir("nanogpt").join("train.bin"),
+        ),
+    ])
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--in-place"), "{err}");
+}
+
+#[test]
+fn pack_in_place_over_s3_globs_mounts_the_bytes_of_the_local_files() {
+    let Some(moto) = Moto::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let env = moto.env(&moto.url());
+    for (name, files, flags) in TOKEN_FILES {
+        let src = fixture_dir(name);
+        moto.upload("tokens", &src, name);
+        let local_inputs: Vec<String> = files.iter().map(|f| s(&src.join(f)).to_string()).collect();
+        let local = tmp.path().join(name);
+        let remote = tmp.path().join(format!("{name}-s3"));
+        pack_in_place(&local, &local_inputs, flags, &[]);
+        // The glob matches exactly the files named locally (companions go with their .bin).
+        let pattern = match *name {
+            "llmc_gpt2" => "fineweb_train_*.bin",
+            "olmo_dolma2" => "part-0-*.npy",
+            _ => "corpus_text_document_*",
+        };
+        pack_in_place(
+            &remote,
+            &[format!("s3://tokens/{name}/{pattern}")],
+            flags,
+            &env,
+        );
+        assert_references(&remote, &format!("s3://tokens/{name}/"));
+        let a = View::open(&local, &config(17, 16, 3, 2, 5, 1)).unwrap();
+        if !fuse_available() {
+            return;
+        }
+        let mnt = MountDir::new();
+        let mut cmd = command(&[
+            "mount",
+            s(&remote),
+            s(mnt.path()),
+            "--window",
+            "17",
+            "--stride",
+            "16",
+            "--batch-size",
+            "3",
+            "--ranks",
+            "2",
+            "--seed",
+            "5",
+        ]);
+        cmd.envs(env.iter().cloned());
+        let o = cmd.output().unwrap();
+        assert!(
+            o.status.success(),
+            "mount: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let plan = a.plan();
+        for rank in 0..2 {
+            for step in 0..plan.steps_per_epoch() {
+                let key = StepKey {
+                    epoch: 0,
+                    rank,
+                    step,
+                };
+                let got = std::fs::read(step_path(mnt.path(), 0, rank, step, "npy")).unwrap();
+                assert_eq!(got, a.render_step_npy(key).unwrap(), "{name} {key:?}");
+            }
+        }
+        let info: Value =
+            serde_json::from_slice(&std::fs::read(mnt.path().join("info.json")).unwrap()).unwrap();
+        assert_eq!(
+            info["fingerprint"].as_str(),
+            Some(a.fingerprint()),
+            "{name}"
+        );
+        unmount(mnt.path());
+    }
+}
+
+#[test]
+fn https_behind_a_private_authority_needs_its_bundle() {
+    let data = Data::positional(20_000, 4096 * 2);
+    let root = Path::new("/");
+    let Some(nginx) = Nginx::start_tls(root) else {
+        return;
+    };
+    let url = url_of(&nginx.url(), root, &data.path());
+    let verify = |bundle: Option<&Path>| {
+        let mut cmd = command(&["verify", &url]);
+        cmd.env_remove("AWS_CA_BUNDLE").env_remove("SSL_CERT_FILE");
+        if let Some(b) = bundle {
+            cmd.env("AWS_CA_BUNDLE", b);
+        }
+        cmd.output().unwrap()
+    };
+    // The system's authorities do not know it: refused, saying what to do.
+    let o = verify(None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("AWS_CA_BUNDLE"), "{err}");
+    // With its authority's bundle every byte checks out against the manifest's hashes.
+    let o = verify(nginx.ca.as_deref());
+    assert!(
+        o.status.success(),
+        "verify: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // A bundle that is not one is refused naming it.
+    let bogus = data.path().join("manifest.json");
+    let o = verify(Some(&bogus));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("no PEM certificate"),
+        "{err}"
+    );
 }

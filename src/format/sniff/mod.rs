@@ -23,13 +23,12 @@
 //! The token width of a raw input (`width.rs`) is checked against `--dtype` from a fixed
 //! sample.
 
-use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::dtype::ScalarType;
 use super::npy;
+use crate::storage::ReadAt;
 
 /// Bytes of an llm.c shard header (256 little-endian int32 words).
 pub const LLMC_HEADER: u64 = 1024;
@@ -486,14 +485,15 @@ fn llmc(p: &Probe<'_>) -> Option<std::result::Result<Kind, Refusal>> {
 }
 
 /// Reads the head and tail of `file` (size `len`) and sniffs it ([`sniff`]).
-pub(crate) fn sniff_file(
+pub(crate) fn sniff_file<R: ReadAt + ?Sized>(
     path: &Path,
-    file: &File,
+    file: &R,
     len: u64,
 ) -> io::Result<std::result::Result<Kind, Refusal>> {
-    let head = read_at(file, 0, (PROBE as u64).min(len) as usize)?;
-    let tail_len = (PROBE as u64).min(len);
-    let tail = read_at(file, len - tail_len, tail_len as usize)?;
+    let probe = (PROBE as u64).min(len);
+    let mut parts = read_ranges(file, &[(0, probe as usize), (len - probe, probe as usize)])?;
+    let tail = parts.pop().expect("two ranges");
+    let head = parts.pop().expect("two ranges");
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -507,10 +507,37 @@ pub(crate) fn sniff_file(
 }
 
 /// Reads exactly `n` bytes at `offset`; a file that ends early is an error (it changed).
-pub(super) fn read_at(file: &File, offset: u64, n: usize) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; n];
-    file.read_exact_at(&mut buf, offset)?;
-    Ok(buf)
+pub(crate) fn read_at<R: ReadAt + ?Sized>(file: &R, offset: u64, n: usize) -> io::Result<Vec<u8>> {
+    Ok(read_ranges(file, &[(offset, n)])?.pop().expect("one range"))
+}
+
+/// Reads exactly each `(offset, len)` range of `file`, a remote object's all at once.
+pub(crate) fn read_ranges<R: ReadAt + ?Sized>(
+    file: &R,
+    ranges: &[(u64, usize)],
+) -> io::Result<Vec<Vec<u8>>> {
+    let mut out: Vec<Vec<u8>> = ranges.iter().map(|&(_, n)| vec![0u8; n]).collect();
+    if let Some(object) = file.as_remote() {
+        let mut reads: Vec<_> = out
+            .iter_mut()
+            .zip(ranges)
+            .map(|(buf, &(offset, _))| (object, offset, &mut buf[..]))
+            .collect();
+        crate::storage::remote::read_many(&mut reads)?;
+        return Ok(out);
+    }
+    for (buf, &(offset, _)) in out.iter_mut().zip(ranges) {
+        let mut done = 0;
+        while done < buf.len() {
+            match file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(out)
 }
 
 mod width;

@@ -27,11 +27,11 @@
 //! tokens below 2,048. A refusal names the width the file looks like; `--force` packs it as
 //! declared.
 
-use std::fs::File;
 use std::io;
 
-use super::read_at;
+use super::read_ranges;
 use crate::format::dtype::ScalarType;
+use crate::storage::ReadAt;
 
 /// Sampled bytes at most: the whole records of a smaller input.
 pub(crate) const SAMPLE_BYTES: u64 = 2 << 20;
@@ -207,15 +207,16 @@ fn narrower(samples: &[Vec<u8>], t: ScalarType) -> Option<(u64, u64)> {
 
 /// Samples `bytes` bytes of records at `offset` of `file` and checks them against `declared`
 /// ([`width_of_samples`]).
-pub(crate) fn width(
-    file: &File,
+pub(crate) fn width<R: ReadAt + ?Sized>(
+    file: &R,
     offset: u64,
     bytes: u64,
     declared: ScalarType,
 ) -> io::Result<Option<WidthGuess>> {
-    let mut samples = Vec::new();
-    for (at, len) in sample_windows(bytes) {
-        samples.push(read_at(file, offset + at, len as usize)?);
-    }
+    let ranges: Vec<(u64, usize)> = sample_windows(bytes)
+        .into_iter()
+        .map(|(at, len)| (offset + at, len as usize))
+        .collect();
+    let samples = read_ranges(file, &ranges)?;
     Ok(width_of_samples(&samples, declared))
 }

@@ -76,6 +76,10 @@ pub(crate) fn i32_at<R: ReadAt + ?Sized>(src: &R, path: &Path, offset: u64) -> R
     bytes_at::<4, R>(src, path, offset).map(i32::from_le_bytes)
 }
 
+/// Bytes a scan of a remote object fetches at a time (in parallel requests), handed out
+/// [`BLOCK`] by [`BLOCK`]: one round trip per 64 MiB, not per block.
+const REMOTE_AHEAD: usize = 64 * BLOCK;
+
 /// Reads bytes `[start, end)` of a source front to back, [`BLOCK`] bytes at a time.
 pub(crate) struct Blocks<'a, R: ReadAt + ?Sized> {
     src: &'a R,
@@ -83,6 +87,8 @@ pub(crate) struct Blocks<'a, R: ReadAt + ?Sized> {
     pos: u64,
     end: u64,
     buf: Vec<u8>,
+    /// Where `buf` starts in the source (remote sources read [`REMOTE_AHEAD`] at a time).
+    buf_at: u64,
 }
 
 impl<'a, R: ReadAt + ?Sized> Blocks<'a, R> {
@@ -94,6 +100,7 @@ impl<'a, R: ReadAt + ?Sized> Blocks<'a, R> {
             pos: start,
             end: end.max(start),
             buf: Vec::new(),
+            buf_at: start,
         }
     }
 
@@ -105,6 +112,25 @@ impl<'a, R: ReadAt + ?Sized> Blocks<'a, R> {
             return Ok(None);
         }
         let n = (self.end - self.pos).min(BLOCK as u64) as usize;
+        if let Some(object) = self.src.as_remote() {
+            let held = self.pos >= self.buf_at
+                && self.pos + n as u64 <= self.buf_at + self.buf.len() as u64;
+            if !held {
+                let len = (self.end - self.pos).min(REMOTE_AHEAD as u64) as usize;
+                self.buf.resize(len, 0);
+                crate::storage::remote::read_parallel(object, &mut self.buf, self.pos).map_err(
+                    |e| Error::Io {
+                        path: self.path.to_path_buf(),
+                        offset: Some(self.pos),
+                        source: e.into(),
+                    },
+                )?;
+                self.buf_at = self.pos;
+            }
+            let from = (self.pos - self.buf_at) as usize;
+            self.pos += n as u64;
+            return Ok(Some(&self.buf[from..from + n]));
+        }
         self.buf.resize(n, 0);
         read_exact_at(self.src, self.path, &mut self.buf, self.pos)?;
         self.pos += n as u64;

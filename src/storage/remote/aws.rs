@@ -176,6 +176,8 @@ pub(crate) struct Resolved {
     pub keys: Option<(String, String, Option<String>)>,
     /// Where the keys came from, for messages: "credentials file" / "config file".
     pub keys_from: Option<&'static str>,
+    /// A PEM bundle of extra trusted certificate authorities (`AWS_CA_BUNDLE`, `ca_bundle`).
+    pub ca_bundle: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Resolved {
@@ -277,6 +279,10 @@ pub(crate) fn resolve(
             .or_else(|| svc.and_then(|s| s.get("s3.endpoint_url")).cloned())
             .or_else(|| cp.get("endpoint_url").cloned());
     }
+    r.ca_bundle = env("AWS_CA_BUNDLE")
+        .filter(|v| !v.is_empty())
+        .or_else(|| cp.get("ca_bundle").cloned())
+        .map(PathBuf::from);
     r.virtual_hosted = match cp.get("s3.addressing_style").map(|s| s.as_str()) {
         Some("virtual") => Some(true),
         Some("path") => Some(false),

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use object_store::ClientOptions;
 use object_store::client::{
-    HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpResponseBody, HttpService,
-    ReqwestConnector,
+    HttpClient, HttpConnector, HttpError, HttpErrorKind, HttpRequest, HttpResponse,
+    HttpResponseBody, HttpService, ReqwestConnector,
 };
 
 use super::stats;
@@ -147,6 +147,16 @@ pub(super) fn sanitize(name: &str, e: &object_store::Error, probe: Option<&Probe
                 }
                 src = s.source();
             }
+            if let Some(t) = st
+                .last_transport
+                .as_deref()
+                .filter(|t| t.starts_with(UNTRUSTED))
+            {
+                what = format!(
+                    "{t}: a store behind a private certificate authority needs that \
+                     authority's PEM bundle in AWS_CA_BUNDLE (or ca_bundle in the AWS profile)"
+                );
+            }
             if what == "request failed" {
                 let msg = other.to_string();
                 if msg.contains("Requested")
@@ -177,6 +187,28 @@ fn s3_code(body: &str) -> Option<String> {
 /// Counts every HTTP attempt (so retries are exact) and its status and latency to headers.
 #[derive(Debug)]
 pub(super) struct CountingConnector;
+
+/// How a transport error that is a TLS certificate the client does not trust starts.
+const UNTRUSTED: &str = "TLS certificate not trusted";
+
+/// The TLS verification failure in `e`'s chain of causes, if it is one (rustls's words, which
+/// carry no secret).
+fn untrusted_certificate(e: &HttpError) -> Option<String> {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = src {
+        if let Some(rustls::Error::InvalidCertificate(why)) = s.downcast_ref::<rustls::Error>() {
+            return Some(format!("{why:?}"));
+        }
+        // An io::Error's source() skips the error it wraps: step into it.
+        src = match s.downcast_ref::<io::Error>() {
+            Some(io) => io
+                .get_ref()
+                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => s.source(),
+        };
+    }
+    None
+}
 
 #[derive(Debug)]
 struct CountingService {
@@ -231,11 +263,22 @@ impl HttpService for CountingService {
             }
             Err(e) => {
                 stats().transport_errors.fetch_add(1, Relaxed);
+                // An untrusted certificate stays untrusted: not retried (Unknown is final).
+                let untrusted = untrusted_certificate(&e);
                 if let Some(p) = &probe {
                     p.0.lock().unwrap_or_else(|p| p.into_inner()).last_transport =
-                        Some(format!("{:?}", e.kind()));
+                        Some(match &untrusted {
+                            Some(why) => format!("{UNTRUSTED}: {why}"),
+                            None => format!("{:?}", e.kind()),
+                        });
                 }
-                Err(e)
+                match untrusted {
+                    Some(why) => Err(HttpError::new(
+                        HttpErrorKind::Unknown,
+                        io::Error::other(format!("{UNTRUSTED}: {why}")),
+                    )),
+                    None => Err(e),
+                }
             }
         }
     }

@@ -2,7 +2,8 @@
 //! `http(s)://HOST/PATH` (any server with Range support), read through `object_store` on a
 //! tokio runtime that lives here and nowhere else: the rest of shufflefs sees [`ReadAt`].
 //!
-//! - [`RemoteObject`] is one object pinned at open by a HEAD: size, ETag and (S3) version id.
+//! - [`RemoteObject`] is one object pinned at open by a HEAD, or on S3 by the listing fetched
+//!   with the manifest ([`read_small_listing`]): size, ETag and (S3) version id.
 //!   Every GET carries `If-Match: ETAG` (and the version id), so an object replaced after the
 //!   open answers 412 -> [`StorageError::Replaced`] (`EIO`): old and new bytes are never
 //!   mixed; each response's `Content-Range` and ETag are checked too.
@@ -38,7 +39,8 @@ use futures::StreamExt;
 use futures::future::try_join_all;
 use object_store::path::Path as ObjectPath;
 use object_store::{
-    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig,
+    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt,
+    RetryConfig,
 };
 use tokio::sync::Semaphore;
 
@@ -330,7 +332,8 @@ fn build_store(
         // from_env reads AWS_* (keys, region, endpoint, web identity, container and instance
         // credentials); the files fill what it leaves unset. Client options are set first:
         // with_client_options after from_env would drop AWS_ALLOW_HTTP.
-        let mut options = config.client_options();
+        let mut options =
+            with_ca_bundle(config.client_options(), resolved.ca_bundle.as_deref()).map_err(fail)?;
         let mut builder = object_store::aws::AmazonS3Builder::from_env()
             .with_bucket_name(bucket)
             .with_retry(config.retry())
@@ -361,8 +364,11 @@ fn build_store(
             .map_err(|e| sanitize(base, &e, None))?;
         return Ok(Arc::new(store));
     }
-    let options = config
-        .client_options()
+    let bundle = std::env::var_os("AWS_CA_BUNDLE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let options = with_ca_bundle(config.client_options(), bundle.as_deref())
+        .map_err(fail)?
         .with_allow_http(base.starts_with("http://"));
     let store = object_store::http::HttpBuilder::new()
         .with_url(base.trim_end_matches('/'))
@@ -372,6 +378,35 @@ fn build_store(
         .build()
         .map_err(|e| sanitize(base, &e, None))?;
     Ok(Arc::new(store))
+}
+
+/// `options` trusting, besides the system's authorities, those of the PEM file `bundle`
+/// (`AWS_CA_BUNDLE`, or `ca_bundle` in the AWS profile: a store behind a private CA).
+fn with_ca_bundle(
+    options: ClientOptions,
+    bundle: Option<&Path>,
+) -> std::result::Result<ClientOptions, String> {
+    let Some(path) = bundle else {
+        return Ok(options);
+    };
+    let pem = std::fs::read(path).map_err(|e| {
+        format!(
+            "cannot read the CA bundle {} (AWS_CA_BUNDLE or ca_bundle): {e}",
+            path.display()
+        )
+    })?;
+    let certs = object_store::Certificate::from_pem_bundle(&pem)
+        .ok()
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| {
+            format!(
+                "{} (AWS_CA_BUNDLE or ca_bundle) holds no PEM certificate",
+                path.display()
+            )
+        })?;
+    Ok(certs
+        .into_iter()
+        .fold(options, |o, c| o.with_root_certificate(c)))
 }
 
 /// Runs `fut` on the runtime until it completes or `deadline` passes (`None`).
@@ -457,21 +492,57 @@ impl RemoteObject {
                     stats().errors.fetch_add(1, Relaxed);
                     sanitize(&l.url(), &e, None)
                 })?;
-                // A weak ETag never matches If-Match (strong comparison): pin by size only.
-                let etag = meta.e_tag.filter(|t| !t.starts_with("W/"));
-                Ok(RemoteObject {
-                    location: l.clone(),
-                    path: ObjectPath::from(l.key.as_str()),
-                    size: meta.size,
-                    etag,
-                    version: meta.version,
-                    mtime_ns: meta
-                        .last_modified
-                        .timestamp_nanos_opt()
-                        .map_or(0, |n| n.max(0) as u64),
-                })
+                Ok(RemoteObject::pinned(l.clone(), meta))
             })
             .collect()
+    }
+
+    /// [`RemoteObject::open_many`] for the locations `listed` does not hold: those it holds
+    /// are pinned as the listing saw them (no request).
+    pub(crate) fn open_many_listed(
+        locations: &[Location],
+        listed: &Listing,
+    ) -> Vec<std::result::Result<RemoteObject, StorageError>> {
+        let known = |l: &Location| {
+            (l.base == listed.base)
+                .then(|| listed.objects.get(&ObjectPath::from(l.key.as_str())))
+                .flatten()
+        };
+        let unknown: Vec<Location> = locations
+            .iter()
+            .filter(|l| known(l).is_none())
+            .cloned()
+            .collect();
+        let mut headed = RemoteObject::open_many(&unknown).into_iter();
+        locations
+            .iter()
+            .map(|l| match known(l) {
+                // Named as the manifest names it (the listing's key is the same object).
+                Some(object) => Ok(RemoteObject {
+                    location: l.clone(),
+                    path: ObjectPath::from(l.key.as_str()),
+                    ..object.clone()
+                }),
+                None => headed.next().expect("one result per unknown location"),
+            })
+            .collect()
+    }
+
+    /// The object at `location` as `meta` (a HEAD's or a listing's) describes it.
+    fn pinned(location: Location, meta: ObjectMeta) -> RemoteObject {
+        // A weak ETag never matches If-Match (strong comparison): pin by size only.
+        let etag = meta.e_tag.filter(|t| !t.starts_with("W/"));
+        RemoteObject {
+            path: ObjectPath::from(location.key.as_str()),
+            location,
+            size: meta.size,
+            etag,
+            version: meta.version,
+            mtime_ns: meta
+                .last_modified
+                .timestamp_nanos_opt()
+                .map_or(0, |n| n.max(0) as u64),
+        }
     }
 
     /// The object's size when it was opened.
@@ -583,22 +654,41 @@ impl ReadAt for RemoteObject {
     }
 }
 
-/// The whole object at `location` in one request (a manifest): at most `max` bytes, else an
-/// error naming it.
-pub(crate) fn read_small(
+/// The objects under a prefix as one listing saw them: the first [`LIST_PAGE`] keys (one
+/// round trip), each pinned by its size and ETag as a HEAD would pin it.
+#[derive(Debug, Default)]
+pub(crate) struct Listing {
+    base: String,
+    objects: HashMap<ObjectPath, RemoteObject>,
+}
+
+/// The most keys a listing takes: one page of S3's ListObjectsV2.
+const LIST_PAGE: usize = 1000;
+
+/// The whole object at `location` in one request (a manifest: at most `max` bytes, else an
+/// error naming it), and on S3 the objects under `prefix` listed in the same round trip: a
+/// mount then pins every file its manifest names without one HEAD each. A listing that
+/// fails (no `s3:ListBucket` permission, a store that cannot list) is empty: the files are
+/// then opened with a HEAD each.
+pub(crate) fn read_small_listing(
     location: &Location,
+    prefix: Option<&Location>,
     max: u64,
-) -> std::result::Result<Vec<u8>, StorageError> {
+) -> (std::result::Result<Vec<u8>, StorageError>, Listing) {
     let name = location.url();
-    let (rt, _, store) = store_for(&location.base)?;
+    let (rt, semaphore, store) = match store_for(&location.base) {
+        Ok(c) => c,
+        Err(e) => return (Err(e), Listing::default()),
+    };
     let timeout = config().read_timeout;
     let path = ObjectPath::from(location.key.as_str());
-    stats().requests.fetch_add(1, Relaxed);
     let too_big = |size: u64| StorageError::Remote {
         name: name.clone(),
         what: format!("{size} bytes or more, more than the {max} a manifest may have"),
     };
     let get = async {
+        let _permit = semaphore.acquire().await;
+        stats().requests.fetch_add(1, Relaxed);
         let probe = Probe::default();
         let mut options = GetOptions::default();
         options.extensions.insert(probe.clone());
@@ -620,23 +710,155 @@ pub(crate) fn read_small(
         }
         Ok(bytes)
     };
-    match run_until(&rt, Instant::now() + timeout, get) {
-        Some(Ok(bytes)) => {
-            stats().bytes.fetch_add(bytes.len() as u64, Relaxed);
-            Ok(bytes)
+    let prefix_store = prefix
+        .filter(|p| p.base.starts_with("s3://"))
+        .and_then(|p| store_for(&p.base).ok().map(|c| c.2));
+    let list = async {
+        let mut listing = Listing::default();
+        let Some(prefix) = prefix.filter(|p| p.base.starts_with("s3://")) else {
+            return listing;
+        };
+        let Some(store) = prefix_store else {
+            return listing;
+        };
+        listing.base = prefix.base.clone();
+        let _permit = semaphore.acquire().await;
+        stats().requests.fetch_add(1, Relaxed);
+        let under = ObjectPath::from(prefix.key.as_str());
+        let mut objects = store.list(Some(&under)).take(LIST_PAGE);
+        while let Some(meta) = objects.next().await {
+            match meta {
+                Ok(meta) => {
+                    let location = Location {
+                        base: prefix.base.clone(),
+                        key: meta.location.to_string(),
+                    };
+                    listing
+                        .objects
+                        .insert(meta.location.clone(), RemoteObject::pinned(location, meta));
+                }
+                Err(e) => {
+                    log::debug!(
+                        "{}",
+                        sanitize(&prefix.url(), &e, None).to_string()
+                            + " (listing; each file is opened with a HEAD instead)"
+                    );
+                    listing.objects.clear();
+                    break;
+                }
+            }
         }
-        Some(Err(e)) => {
+        listing
+    };
+    match run_until(
+        &rt,
+        Instant::now() + timeout,
+        futures::future::join(get, list),
+    ) {
+        Some((Ok(bytes), listing)) => {
+            stats().bytes.fetch_add(bytes.len() as u64, Relaxed);
+            (Ok(bytes), listing)
+        }
+        Some((Err(e), listing)) => {
             stats().errors.fetch_add(1, Relaxed);
-            Err(e)
+            (Err(e), listing)
         }
         None => {
             stats().deadline_exceeded.fetch_add(1, Relaxed);
-            Err(StorageError::Deadline {
+            let e = StorageError::Deadline {
                 name,
                 after: timeout,
-            })
+            };
+            (Err(e), Listing::default())
         }
     }
+}
+
+/// The objects directly under the "directory" `dir` (S3: a listing with delimiter `/`), in
+/// key order. HTTP servers cannot list: an error saying to name each file.
+pub(crate) fn list_dir(dir: &Location) -> std::result::Result<Vec<Location>, StorageError> {
+    let name = dir.url();
+    if !dir.base.starts_with("s3://") {
+        return Err(StorageError::Remote {
+            name,
+            what: "an HTTP server cannot list its files: name each file (globs and \
+                   directories need s3://)"
+                .into(),
+        });
+    }
+    let (rt, semaphore, store) = store_for(&dir.base)?;
+    let timeout = config().read_timeout;
+    let path = ObjectPath::from(dir.key.as_str());
+    let list = async {
+        let _permit = semaphore.acquire().await;
+        stats().requests.fetch_add(1, Relaxed);
+        let prefix = (!dir.key.is_empty()).then_some(&path);
+        store
+            .list_with_delimiter(prefix)
+            .await
+            .map_err(|e| sanitize(&name, &e, None))
+    };
+    let listed = match run_until(&rt, Instant::now() + timeout, list) {
+        Some(Ok(listed)) => listed,
+        Some(Err(e)) => {
+            stats().errors.fetch_add(1, Relaxed);
+            return Err(e);
+        }
+        None => {
+            stats().deadline_exceeded.fetch_add(1, Relaxed);
+            return Err(StorageError::Deadline {
+                name,
+                after: timeout,
+            });
+        }
+    };
+    let mut out: Vec<Location> = listed
+        .objects
+        .into_iter()
+        .map(|meta| Location {
+            base: dir.base.clone(),
+            key: meta.location.to_string(),
+        })
+        .collect();
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(out)
+}
+
+/// Fills `buf` with `object`'s bytes at `offset` in requests of at most `max_request` bytes,
+/// all at once (a large sequential read: a scan, a download).
+pub(crate) fn read_parallel(
+    object: &RemoteObject,
+    buf: &mut [u8],
+    offset: u64,
+) -> std::result::Result<(), StorageError> {
+    let part = config().max_request.max(1 << 20) as usize;
+    let mut reads: Vec<(&RemoteObject, u64, &mut [u8])> = buf
+        .chunks_mut(part)
+        .enumerate()
+        .map(|(i, chunk)| (object, offset + (i * part) as u64, chunk))
+        .collect();
+    read_many(&mut reads)
+}
+
+/// Copies the whole of `object` into `out` (from its start), 64 MiB at a time
+/// ([`read_parallel`]).
+pub(crate) fn download(
+    object: &RemoteObject,
+    out: &mut impl io::Write,
+) -> std::result::Result<(), StorageError> {
+    const BATCH: u64 = 64 << 20;
+    let mut buf = vec![0u8; BATCH.min(object.size) as usize];
+    let mut at = 0u64;
+    while at < object.size {
+        let n = BATCH.min(object.size - at) as usize;
+        read_parallel(object, &mut buf[..n], at)?;
+        out.write_all(&buf[..n]).map_err(|e| StorageError::Remote {
+            name: object.url(),
+            what: format!("cannot write a local copy: {e}"),
+        })?;
+        at += n as u64;
+    }
+    Ok(())
 }
 
 /// Fills every `(object, offset, buf)` with the object's bytes at `offset`, all at once (see

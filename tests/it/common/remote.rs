@@ -64,11 +64,101 @@ pub struct Nginx {
     _server: Server,
     _dir: TempDir,
     pub addr: SocketAddr,
+    /// Over TLS: the PEM file of the private authority that signed its certificate.
+    pub ca: Option<PathBuf>,
+}
+
+/// Runs openssl with `args` in `dir`.
+fn openssl(dir: &Path, args: &[&str]) {
+    let o = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("openssl");
+    assert!(
+        o.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A private certificate authority (`ca.pem`) and a certificate for 127.0.0.1 it signed
+/// (`server.pem`, `server.key`), in `dir`.
+fn private_ca(dir: &Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=shufflefs test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign",
+    ]);
+    openssl(dir, &ca);
+    let mut req = vec!["req"];
+    req.extend(ec);
+    req.extend([
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    openssl(dir, &req);
+    std::fs::write(
+        dir.join("ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext",
+        ],
+    );
 }
 
 impl Nginx {
     /// Serves `root` (`None` when nginx is not installed and not required).
     pub fn start(root: &Path) -> Option<Nginx> {
+        Nginx::start_with(root, false)
+    }
+
+    /// Serves `root` over HTTPS with a certificate from a private authority ([`Nginx::ca`]).
+    pub fn start_tls(root: &Path) -> Option<Nginx> {
+        Nginx::start_with(root, true)
+    }
+
+    fn start_with(root: &Path, tls: bool) -> Option<Nginx> {
         let bin = std::env::var_os("SHUFFLEFS_NGINX")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/usr/sbin/nginx"));
@@ -76,6 +166,18 @@ impl Nginx {
             return missing("nginx");
         }
         let dir = tempfile::tempdir().unwrap();
+        let (ssl, ca) = if tls {
+            private_ca(dir.path());
+            let d = dir.path().display();
+            (
+                format!(
+                    " ssl;\n    ssl_certificate {d}/server.pem;\n    ssl_certificate_key {d}/server.key"
+                ),
+                Some(dir.path().join("ca.pem")),
+            )
+        } else {
+            (String::new(), None)
+        };
         for _ in 0..3 {
             let port = free_port();
             let user = if nix::unistd::geteuid().is_root() {
@@ -91,7 +193,7 @@ impl Nginx {
                  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n\
                  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  sendfile on;\n\
                  keepalive_requests 100000;\n  default_type application/octet-stream;\n\
-                 server {{\n    listen 127.0.0.1:{port};\n    root {};\n    location / {{ }}\n  }}\n}}\n",
+                 server {{\n    listen 127.0.0.1:{port}{ssl};\n    root {};\n    location / {{ }}\n  }}\n}}\n",
                 root.display()
             );
             std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
@@ -113,6 +215,7 @@ impl Nginx {
                     _server: server,
                     _dir: dir,
                     addr: SocketAddr::from(([127, 0, 0, 1], port)),
+                    ca,
                 });
             }
             let _ = server.child.kill();
@@ -120,9 +223,10 @@ impl Nginx {
         panic!("nginx did not start ({})", dir.path().display());
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT` (`https://` over TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.ca.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 }
 
