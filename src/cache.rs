@@ -76,6 +76,8 @@ const MAX_SPARE: usize = 8;
 struct Store {
     map: Mutex<LruCache<(u32, StepKey), Entry>>,
     capacity: usize,
+    /// Plans that share the store ([`StepCache::for_plan`] handles; at least 1).
+    plans: std::sync::atomic::AtomicUsize,
     /// Evicted files no reply still holds, reused by [`StepCache::buffer`]: the prefetcher
     /// then neither allocates, zero-fills nor page-faults in its steady state.
     spare: Mutex<Vec<Arc<[u8]>>>,
@@ -110,6 +112,7 @@ impl StepCache {
                 NonZeroUsize::new(capacity).expect("at least 1"),
             )),
             capacity,
+            plans: std::sync::atomic::AtomicUsize::new(0),
             spare: Mutex::new(Vec::new()),
             counters: Counters::default(),
         };
@@ -124,6 +127,9 @@ impl StepCache {
     /// multi-plan mount: one budget and one set of counters for every plan). The store's
     /// capacity is in entries: size it for the largest step file.
     pub(crate) fn for_plan(&self, plan: u32, file_len: usize) -> StepCache {
+        self.store
+            .plans
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         StepCache {
             store: self.store.clone(),
             plan,
@@ -131,9 +137,15 @@ impl StepCache {
         }
     }
 
-    /// How many step files the cache holds at most (shared by the plans of a mount).
+    /// How many step files of the cache one plan may count on: its share of the capacity
+    /// when several plans share it.
     pub(crate) fn capacity(&self) -> usize {
-        self.store.capacity
+        let plans = self
+            .store
+            .plans
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .max(1);
+        self.store.capacity / plans
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<(u32, StepKey), Entry>> {

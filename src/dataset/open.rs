@@ -145,6 +145,8 @@ enum FilesKind {
 struct FileInfo {
     len: u64,
     mtime_ns: u64,
+    /// A remote object's strong ETag when opened (`None` for local files).
+    etag: Option<String>,
 }
 
 impl Files {
@@ -231,6 +233,7 @@ impl Files {
             let info = FileInfo {
                 len: meta.len(),
                 mtime_ns: mtime_ns(&meta),
+                etag: None,
             };
             return Ok((source, info));
         }
@@ -256,6 +259,7 @@ impl Files {
         let info = FileInfo {
             len: object.len(),
             mtime_ns: object.mtime_ns(),
+            etag: object.etag().map(str::to_string),
         };
         Ok((Arc::new(object), info))
     }
@@ -292,7 +296,7 @@ fn open_shard(dir: &Path, manifest: &Manifest, entry: &ShardEntry, files: &Files
     }
     let mut shard = Shard::new(path, entry.bytes, source).with_offset(entry.offset);
     if manifest.version >= 4 {
-        shard.check_in_place(entry, meta.mtime_ns)?;
+        shard.check_in_place(entry, meta.mtime_ns, meta.etag.as_deref())?;
     }
     if let Some(c) = &entry.checksums {
         let sums = open_file(dir, files, &c.file, checksum::file_len(entry.bytes))?;

@@ -202,12 +202,24 @@ impl Shard {
     /// is unchanged (the live-mutation guard); otherwise sampled again and refused unless the
     /// content identity matches. A copy, an archive or a move of the dataset directory (new
     /// inodes, rounded mtimes) thus mounts under the same fingerprint.
-    pub(super) fn check_in_place(&self, entry: &ShardEntry, mtime: u64) -> Result<()> {
+    pub(super) fn check_in_place(
+        &self,
+        entry: &ShardEntry,
+        mtime: u64,
+        etag: Option<&str>,
+    ) -> Result<()> {
         let Some(packed) = entry.in_place_mtime_ns else {
             return Ok(());
         };
         let guard = format::in_place_guard(&entry.path, entry.bytes, packed, &entry.hash);
-        if mtime == packed && entry.in_place_guard.as_deref() == Some(guard.as_str()) {
+        // A remote object is trusted only by an ETag equal to the one packed (its mtime, a
+        // Last-Modified of one-second resolution or none at all, is no guard alone).
+        let unchanged = if self.source.as_remote().is_some() {
+            entry.etag.is_some() && entry.etag.as_deref() == etag && mtime != 0
+        } else {
+            true
+        };
+        if unchanged && mtime == packed && entry.in_place_guard.as_deref() == Some(guard.as_str()) {
             return Ok(());
         }
         if self.sampled_identity()? != entry.hash {

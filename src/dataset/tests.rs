@@ -25,6 +25,7 @@ fn memory_dataset(sizes: &[u64]) -> (Dataset, Vec<u8>) {
             hash: format_hash(0),
             offset: 0,
             source_format: None,
+            etag: None,
             docs: None,
             in_place_mtime_ns: None,
             in_place_guard: None,

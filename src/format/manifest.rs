@@ -52,6 +52,10 @@ pub struct ShardEntry {
     /// What `pack --in-place` recognised the file as (`SOURCE_FORMATS`), informational.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_format: Option<String>,
+    /// For an in-place shard that is a remote object: its strong ETag (quoted) when packed. A
+    /// mount trusts the object without sampling it only while its ETag is still this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -17,6 +17,7 @@ fn sample() -> Manifest {
             hash: format_hash(1),
             offset: 0,
             source_format: None,
+            etag: None,
             docs: None,
             in_place_mtime_ns: None,
             in_place_guard: None,
@@ -29,6 +30,7 @@ fn sample() -> Manifest {
             hash: format_hash(2),
             offset: 0,
             source_format: None,
+            etag: None,
             docs: None,
             in_place_mtime_ns: None,
             in_place_guard: None,
@@ -212,6 +214,7 @@ fn with_docs() -> Manifest {
                 checksums: None,
                 offset: 0,
                 source_format: None,
+                etag: None,
                 path,
             }
         })
@@ -439,6 +442,7 @@ fn many_shards(n: usize) -> Manifest {
             hash: format_hash(k as u64),
             offset: 0,
             source_format: None,
+            etag: None,
             docs: None,
             in_place_mtime_ns: None,
             in_place_guard: None,

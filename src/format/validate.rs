@@ -150,6 +150,19 @@ impl Manifest {
                 shard.path, shard.offset, shard.bytes
             ));
         }
+        if let Some(etag) = &shard.etag {
+            let remote = crate::storage::remote::is_remote(Path::new(&shard.path));
+            if shard.in_place_mtime_ns.is_none() || !remote {
+                return Err(format!(
+                    "shards[{i}].etag belongs to an in-place shard that is a remote object"
+                ));
+            }
+            if etag.len() > 256 || !etag.chars().all(|c| c.is_ascii_graphic()) {
+                return Err(format!(
+                    "shards[{i}].etag is not an ETag (at most 256 printable ASCII characters)"
+                ));
+            }
+        }
         if let Some(f) = &shard.source_format
             && !SOURCE_FORMATS.contains(&f.as_str())
         {

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::format::docfiles::DocRecord;
 use crate::format::dtype::ScalarType;
 use crate::format::{ContentHasher, ShardDocs, format_hash};
-use crate::storage::remote::{self, Location, RemoteObject};
+use crate::storage::remote;
 
 /// Where an input's document boundaries come from, besides a separator scan.
 #[derive(Debug)]
@@ -91,9 +91,7 @@ pub(super) fn for_each_end(
         Native::None => {
             if let Some((rule, dtype)) = scan {
                 let file: Box<dyn crate::storage::ReadAt> = if remote::is_remote(path) {
-                    let location =
-                        Location::parse(&path.to_string_lossy()).map_err(Error::invalid)?;
-                    Box::new(RemoteObject::open(&location).map_err(|e| Error::io(path, e.into()))?)
+                    Box::new(super::remote_inputs::pinned(path)?)
                 } else {
                     Box::new(File::open(path).map_err(|e| Error::io(path, e))?)
                 };

@@ -14,7 +14,7 @@ use crate::format::dtype::ScalarType;
 use crate::format::sniff::Kind;
 use crate::format::{self, MANIFEST, Manifest, ShardDocs, ShardEntry, shard_name};
 use crate::storage::ReadAt;
-use crate::storage::remote::{self, Location, RemoteObject};
+use crate::storage::remote;
 
 /// `shufflefs pack --in-place`: writes only a manifest that references the input files
 /// themselves as shards, without copying them (it reads 16 pages of each). The inputs get the
@@ -25,6 +25,7 @@ use crate::storage::remote::{self, Location, RemoteObject};
 /// the fingerprint), else by its absolute path. A mount refuses a file whose content samples
 /// changed (`reference_in_place`).
 pub fn pack_in_place(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Manifest> {
+    super::remote_inputs::reset();
     let inputs = expand_inputs(inputs)?;
     let (checked, record) = check_inputs(&inputs, options)?;
     let itemsize = record.itemsize() as u64;
@@ -180,17 +181,24 @@ fn reference_in_place(
     (offset, bytes, itemsize): (u64, u64, u64),
     format: &str,
 ) -> Result<ShardEntry> {
-    let (source, len, mtime): (Arc<dyn ReadAt>, u64, u64) = if remote::is_remote(abs) {
-        // A remote object: referenced by its URL; its Last-Modified is its mtime.
-        let location = Location::parse(&abs.to_string_lossy()).map_err(Error::invalid)?;
-        let object = RemoteObject::open(&location).map_err(|e| Error::io(abs, e.into()))?;
-        let (len, mtime) = (object.len(), object.mtime_ns());
-        (Arc::new(object), len, mtime)
-    } else {
-        let file = File::open(abs).map_err(|e| Error::io(abs, e))?;
-        let meta = file.metadata().map_err(|e| Error::io(abs, e))?;
-        (Arc::new(file), meta.len(), crate::storage::mtime_ns(&meta))
-    };
+    let (source, len, mtime, etag): (Arc<dyn ReadAt>, u64, u64, Option<String>) =
+        if remote::is_remote(abs) {
+            // A remote object (as the checks pinned it): referenced by its URL, its
+            // Last-Modified as its mtime, its ETag recorded.
+            let object = super::remote_inputs::pinned(abs)?;
+            let (len, mtime) = (object.len(), object.mtime_ns());
+            let etag = object.etag().map(str::to_string);
+            (Arc::new(object), len, mtime, etag)
+        } else {
+            let file = File::open(abs).map_err(|e| Error::io(abs, e))?;
+            let meta = file.metadata().map_err(|e| Error::io(abs, e))?;
+            (
+                Arc::new(file),
+                meta.len(),
+                crate::storage::mtime_ns(&meta),
+                None,
+            )
+        };
     if len != offset + bytes {
         return Err(Error::invalid(format!(
             "{}: the file changed while packing; re-run pack when it is complete",
@@ -219,5 +227,6 @@ fn reference_in_place(
         docs: None,
         in_place_mtime_ns: Some(mtime),
         checksums: None,
+        etag,
     })
 }

@@ -126,7 +126,7 @@ pub fn pack(dir: &Path, inputs: &[PathBuf], options: &PackOptions) -> Result<Man
         return Err(Error::invalid(format!(
             "{}: a remote input is referenced where it is: pack --in-place (a copy of it \
              needs it on local disk first)",
-            url.display()
+            crate::storage::remote::redact_url(&url.to_string_lossy())
         )));
     }
     let (checked, record) = check_inputs(&inputs, options)?;

@@ -6,7 +6,9 @@
 //! Datatrove files and JSON Lines or tables are refused: they need their companions or a
 //! conversion, which `pack` does from local files.
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::{LazyLock, Mutex};
 
 use super::PackOptions;
 use super::documents::Native;
@@ -15,6 +17,58 @@ use super::inputs::{Input, check_records, indexed, is_glob, wildcard};
 use crate::error::{Error, Result};
 use crate::format::dtype::RecordType;
 use crate::storage::remote::{self, Location, RemoteObject, StorageError};
+
+/// What this pack run knows of the store: every object it pinned, by URL (the checks, the
+/// document scan and the manifest entry of an input all read the object as first opened, and
+/// its reads carry If-Match, so one replaced in between fails the pack instead of mixing two
+/// versions), and the prefixes listed for globs with the URLs they hold (whether a `.bin` has
+/// its `.idx` needs no HEAD there).
+#[derive(Default)]
+struct Known {
+    pinned: HashMap<String, RemoteObject>,
+    listed_dirs: HashSet<String>,
+    listed: HashSet<String>,
+}
+
+fn known() -> std::sync::MutexGuard<'static, Known> {
+    static KNOWN: LazyLock<Mutex<Known>> = LazyLock::new(Mutex::default);
+    KNOWN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Forgets what an earlier pack run of this process knew.
+pub(super) fn reset() {
+    *known() = Known::default();
+}
+
+/// The object at `path`, pinned by this pack run's first open of it.
+fn pin(path: &Path) -> std::result::Result<RemoteObject, StorageError> {
+    let url = path.to_string_lossy().into_owned();
+    if let Some(o) = known().pinned.get(&url) {
+        return Ok(o.clone());
+    }
+    let location = Location::parse(&url).map_err(|what| StorageError::Remote {
+        name: remote::redact_url(&url),
+        what,
+    })?;
+    let object = RemoteObject::open(&location)?;
+    known().pinned.insert(url, object.clone());
+    Ok(object)
+}
+
+/// [`pin`] for the checks and the manifest (errors name the file).
+pub(super) fn pinned(path: &Path) -> Result<RemoteObject> {
+    pin(path).map_err(|e| remote_error(path, e))
+}
+
+/// Whether `path` exists as far as a listing of its prefix knows (`None`: not listed).
+fn listed(path: &Path) -> Option<bool> {
+    let url = path.to_string_lossy();
+    let dir = url.rsplit_once('/')?.0;
+    let k = known();
+    k.listed_dirs
+        .contains(dir)
+        .then(|| k.listed.contains(url.as_ref()))
+}
 
 /// The remote location a path names.
 fn location(path: &Path) -> Result<Location> {
@@ -30,6 +84,9 @@ fn remote_error(path: &Path, e: StorageError) -> Error {
 /// key order (S3 only: an HTTP server cannot list); any other URL for itself.
 pub(super) fn expand(p: &Path) -> Result<Vec<PathBuf>> {
     let url = p.to_string_lossy();
+    // A URL with credentials or a query (a presigned URL) is refused before anything names
+    // it (`?` is no glob character here).
+    Location::parse(&url).map_err(Error::invalid)?;
     let (dir, pattern) = if url.ends_with('/') {
         (url.trim_end_matches('/').to_string(), None)
     } else if is_glob(p) {
@@ -40,6 +97,11 @@ pub(super) fn expand(p: &Path) -> Result<Vec<PathBuf>> {
     };
     let dir_location = Location::parse(&dir).map_err(Error::invalid)?;
     let listed = remote::list_dir(&dir_location).map_err(|e| remote_error(p, e))?;
+    {
+        let mut k = known();
+        k.listed_dirs.insert(dir_location.url());
+        k.listed.extend(listed.iter().map(Location::url));
+    }
     let files: Vec<PathBuf> = listed
         .into_iter()
         .filter(|l| {
@@ -65,7 +127,8 @@ pub(super) fn check(
     options: &PackOptions,
 ) -> Result<Input> {
     let at = |msg: &str| Error::invalid(format!("{}: {msg}", path.display()));
-    let here = location(path)?;
+    // Refuses credentials and queries before anything names the URL.
+    location(path)?;
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     if [".ds", ".ds.index", ".ds.metadata", ".ds.loss"]
         .iter()
@@ -82,13 +145,26 @@ pub(super) fn check(
             "a Megatron-LM index: name its .bin (the .idx beside it is read with it)",
         ));
     }
-    let object = RemoteObject::open(&here).map_err(|e| remote_error(path, e))?;
+    let object = pinned(path)?;
     if name.ends_with(".bin") {
         let idx_path = megatron::idx_path(path);
-        match RemoteObject::open(&location(&idx_path)?) {
-            Ok(idx) => return megatron_input(path, &object, &idx, record, options),
-            Err(StorageError::Missing { .. }) => {}
-            Err(e) => return Err(remote_error(&idx_path, e)),
+        let exists = listed(&idx_path);
+        if exists != Some(false) {
+            match pin(&idx_path) {
+                Ok(idx) => return megatron_input(path, &object, &idx, record, options),
+                Err(StorageError::Missing { .. }) => {}
+                // S3 answers 403 for a missing key to whoever may not list the bucket.
+                Err(StorageError::Denied { .. }) if exists.is_none() => {
+                    return Err(Error::invalid(format!(
+                        "{}: cannot tell whether the Megatron-LM index beside it exists (a HEAD \
+                         of {} was denied, as S3 denies missing keys without s3:ListBucket): \
+                         grant s3:ListBucket, or name the files with a glob of their prefix",
+                        path.display(),
+                        idx_path.display()
+                    )));
+                }
+                Err(e) => return Err(remote_error(&idx_path, e)),
+            }
         }
     }
     let input = check_records(path, &object, object.len(), record, options)?;

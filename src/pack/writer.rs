@@ -550,6 +550,7 @@ impl Writer {
             hash: format::format_hash(shard.hasher.finish()),
             offset: 0,
             source_format: None,
+            etag: None,
             docs,
             in_place_mtime_ns: None,
             in_place_guard: None,

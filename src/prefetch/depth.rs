@@ -27,6 +27,18 @@ const PAUSE: Duration = Duration::from_secs(10);
 const ACTIVE_INTERVALS: f64 = 8.0;
 const ACTIVE_MIN: Duration = Duration::from_secs(1);
 
+/// What the meter remembers of a rank.
+#[derive(Clone, Copy, Debug)]
+struct Rank {
+    last: StepKey,
+    furthest: (u64, u64),
+    at: Instant,
+}
+
+/// Deepest the measures take a depth (more only by `--prefetch-depth`): a hint walks this
+/// many steps under the prefetcher's lock.
+const ADAPTIVE_MAX: u64 = 256;
+
 /// The measures (see the module docs).
 #[derive(Debug)]
 pub(super) struct Meter {
@@ -37,8 +49,8 @@ pub(super) struct Meter {
     /// Smoothed interval between two reads of one rank, in seconds.
     interval: f64,
     intervals: u64,
-    /// Each rank's last step read, and when it was first read.
-    last_read: LruCache<u64, (StepKey, Instant)>,
+    /// Each rank's last step read, its furthest step read, and when that was first read.
+    last_read: LruCache<u64, Rank>,
     /// Ranks read lately, counted every [`Meter::COUNT_EVERY`] reads.
     active: usize,
     reads: u64,
@@ -73,18 +85,31 @@ impl Meter {
         self.assembled += 1;
     }
 
-    /// A read of step `key` at `now` (a step file takes several reads: only the first of
-    /// each step counts).
-    pub(super) fn read(&mut self, key: StepKey, now: Instant) {
-        if self
-            .last_read
-            .peek(&key.rank)
-            .is_some_and(|(k, _)| *k == key)
-        {
-            return;
-        }
-        if let Some((_, last)) = self.last_read.put(key.rank, (key, now)) {
-            let gap = now.saturating_duration_since(last);
+    /// A read of step `key` at `now`. Returns whether it is another step than the rank's
+    /// last read (a step file takes several reads: the prefetcher walks ahead once per step).
+    /// Read intervals count only reads past the rank's furthest step, so two loader workers
+    /// reading alternate steps of one rank measure the rank's pace, not their interleaving;
+    /// a rank that starts over (a resume) after a pause starts afresh.
+    pub(super) fn read(&mut self, key: StepKey, now: Instant) -> bool {
+        let pos = (key.epoch, key.step);
+        let Some(rank) = self.last_read.get_mut(&key.rank) else {
+            self.last_read.put(
+                key.rank,
+                Rank {
+                    last: key,
+                    furthest: pos,
+                    at: now,
+                },
+            );
+            self.count(now);
+            return true;
+        };
+        let fresh = rank.last != key;
+        rank.last = key;
+        let gap = now.saturating_duration_since(rank.at);
+        if pos > rank.furthest {
+            rank.furthest = pos;
+            rank.at = now;
             if gap < PAUSE {
                 let g = gap.as_secs_f64();
                 self.interval = if self.intervals == 0 {
@@ -94,7 +119,21 @@ impl Meter {
                 };
                 self.intervals += 1;
             }
+        } else if fresh && gap >= PAUSE {
+            *rank = Rank {
+                last: key,
+                furthest: pos,
+                at: now,
+            };
         }
+        if fresh {
+            self.count(now);
+        }
+        fresh
+    }
+
+    /// Counts the active ranks every [`Meter::COUNT_EVERY`] steps read.
+    fn count(&mut self, now: Instant) {
         self.reads += 1;
         if self.reads % Self::COUNT_EVERY == 1 {
             let window = ACTIVE_MIN.max(Duration::from_secs_f64(
@@ -103,7 +142,7 @@ impl Meter {
             self.active = self
                 .last_read
                 .iter()
-                .filter(|(_, (_, t))| now.saturating_duration_since(*t) <= window)
+                .filter(|(_, r)| now.saturating_duration_since(r.at) <= window)
                 .count()
                 .max(1);
         }
@@ -118,7 +157,7 @@ impl Meter {
             self.srtt + 4.0 * self.rttvar,
             self.interval,
             floor,
-            (capacity / (2 * self.active)) as u64,
+            ((capacity / (2 * self.active)) as u64).min(ADAPTIVE_MAX),
         )
     }
 }
@@ -181,6 +220,26 @@ mod tests {
         // A pause (a checkpoint) is not an interval.
         m.read(key(0, 1000), t0 + Duration::from_secs(60));
         assert!((m.interval - 0.01).abs() < 1e-9);
+        // Two loader workers reading alternate steps of rank 5, each step in two reads,
+        // interleaved: the rank's pace (a step every 5 ms), not the reads' microseconds.
+        let mut m2 = Meter::new();
+        for i in 0..400u32 {
+            let t = t0 + Duration::from_millis(5) * i;
+            assert!(m2.read(key(5, u64::from(i)), t));
+            assert!(!m2.read(key(5, u64::from(i)), t + Duration::from_micros(1)));
+            if i > 0 {
+                // The other worker's last read of the step before.
+                m2.read(key(5, u64::from(i - 1)), t + Duration::from_micros(2));
+            }
+        }
+        assert!((m2.interval - 0.005).abs() < 1e-6, "{}", m2.interval);
+        // A resume from an earlier step after a pause starts afresh.
+        m2.read(key(5, 10), t0 + Duration::from_secs(100));
+        m2.read(
+            key(5, 11),
+            t0 + Duration::from_secs(100) + Duration::from_millis(5),
+        );
+        assert!((m2.interval - 0.005).abs() < 1e-6, "{}", m2.interval);
         // Slow, spread assemblies go deeper.
         for ms in [20, 200, 20, 200, 20, 200] {
             m.assembled(Duration::from_millis(ms));

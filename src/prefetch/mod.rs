@@ -175,6 +175,12 @@ impl Prefetcher {
         cache: Arc<StepCache>,
         render: Box<Render>,
     ) -> Prefetcher {
+        // Enough for every worker's share of a few readers' windows, and for the cache's worth
+        // of steps (the depth may grow: `depth.rs`).
+        let max_queue = (config.depth.min(MAX_DEPTH) as usize)
+            .saturating_mul(64)
+            .max(1024)
+            .max(cache.capacity());
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 queue: VecDeque::new(),
@@ -191,11 +197,7 @@ impl Prefetcher {
             render,
             plan,
             depth: config.depth,
-            // Enough for every worker's share of a few readers' windows (the depth may grow:
-            // `depth.rs`).
-            max_queue: (config.depth.min(MAX_DEPTH) as usize)
-                .saturating_mul(64)
-                .max(1024),
+            max_queue,
             prefill: OnceLock::new(),
         });
         let workers = (0..config.workers)
@@ -241,9 +243,11 @@ impl Prefetcher {
         }
         let mut state = s.state.lock().unwrap_or_else(|p| p.into_inner());
         state.recent.put(key, ());
-        if let Some(meter) = &mut state.meter {
-            meter.read(key, Instant::now());
-        }
+        // Another read of the step the rank read last walks ahead no further.
+        let fresh = match &mut state.meter {
+            Some(meter) => meter.read(key, Instant::now()),
+            None => true,
+        };
         // With prefill, most reads are served by the kernel and never reach this count, so
         // the governor's read rate would always favour prefetch off: it only runs without.
         if let Some(g) = state
@@ -262,6 +266,9 @@ impl Prefetcher {
             if !on {
                 return;
             }
+        }
+        if !fresh {
+            return;
         }
         let mut next = key;
         let mut added = false;

@@ -617,6 +617,23 @@ fn pack_in_place_over_http_token_files_serves_the_bytes_of_the_local_files() {
     .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("cannot list"), "{err}");
+    // A presigned URL (a query) is refused without repeating its signature.
+    let signed = format!(
+        "{}?X-Amz-Signature=SECRETSIG",
+        url_of(
+            &nginx.url(),
+            root,
+            &fixture_dir("nanogpt").join("train.bin")
+        )
+    );
+    let o = command(&["pack", s(&tmp.path().join("signed")), "--in-place", &signed])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("query") && !err.contains("SECRETSIG"),
+        "{err}"
+    );
     // A copy of a remote input is refused, pointing at --in-place.
     let o = command(&[
         "pack",
@@ -709,6 +726,27 @@ fn pack_in_place_over_s3_globs_mounts_the_bytes_of_the_local_files() {
             "{name}"
         );
         unmount(mnt.path());
+        // Each shard records its object's ETag; an object replaced by one of the same size
+        // (another ETag, other sampled bytes) is refused at mount, naming it.
+        let m = manifest(&remote);
+        let first = &m["shards"][0];
+        assert!(
+            first["etag"].as_str().is_some_and(|e| e.starts_with('"')),
+            "{first}"
+        );
+        let file = first["path"].as_str().unwrap().rsplit('/').next().unwrap();
+        let changed = tmp.path().join(format!("{name}-changed"));
+        std::fs::create_dir(&changed).unwrap();
+        let mut bytes = std::fs::read(src.join(file)).unwrap();
+        let at = first["offset"].as_u64().unwrap_or(0) as usize + 2;
+        bytes[at] ^= 0x55;
+        std::fs::write(changed.join(file), bytes).unwrap();
+        moto.upload("tokens", &changed, name);
+        let mut cmd = command(&["inspect", s(&remote)]);
+        cmd.envs(env.iter().cloned());
+        let o = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(file), "{name}: {err}");
     }
 }
 

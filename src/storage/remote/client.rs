@@ -147,15 +147,28 @@ pub(super) fn sanitize(name: &str, e: &object_store::Error, probe: Option<&Probe
                 }
                 src = s.source();
             }
-            if let Some(t) = st
+            // The certificate's verdict, from the probe or (HEADs and listings carry none)
+            // from the error's causes.
+            let mut untrusted = st
                 .last_transport
-                .as_deref()
-                .filter(|t| t.starts_with(UNTRUSTED))
-            {
-                what = format!(
-                    "{t}: a store behind a private certificate authority needs that \
-                     authority's PEM bundle in AWS_CA_BUNDLE (or ca_bundle in the AWS profile)"
-                );
+                .clone()
+                .filter(|t| t.starts_with(UNTRUSTED));
+            let mut src: Option<&(dyn std::error::Error + 'static)> = Some(other);
+            while let (None, Some(s)) = (&untrusted, src) {
+                let text = s.to_string();
+                if let Some(at) = text.find(UNTRUSTED) {
+                    // The verdict's one word, nothing that follows it.
+                    let verdict = text[at + UNTRUSTED.len()..]
+                        .trim_start_matches([':', ' '])
+                        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .next()
+                        .unwrap_or("");
+                    untrusted = Some(format!("{UNTRUSTED}: {verdict}"));
+                }
+                src = s.source();
+            }
+            if let Some(t) = untrusted {
+                what = format!("{t}: {}", certificate_advice(&t));
             }
             if what == "request failed" {
                 let msg = other.to_string();
@@ -208,6 +221,22 @@ fn untrusted_certificate(e: &HttpError) -> Option<String> {
         };
     }
     None
+}
+
+/// What to do about the certificate verdict `t` (rustls's `CertificateError` name).
+fn certificate_advice(t: &str) -> &'static str {
+    if t.contains("NotValidForName") {
+        "the certificate does not name this host (a bucket whose name has dots needs \
+         path-style addressing: s3 = addressing_style = path in the AWS profile)"
+    } else if t.contains("Expired") || t.contains("NotValidYet") {
+        "the certificate is outside its validity period (check the server's certificate and \
+         this node's clock)"
+    } else if t.contains("UnknownIssuer") || t.contains("BadSignature") {
+        "a store behind a private certificate authority needs that authority's PEM bundle in \
+         AWS_CA_BUNDLE (for S3 also ca_bundle in the AWS profile)"
+    } else {
+        "check the server's certificate"
+    }
 }
 
 #[derive(Debug)]

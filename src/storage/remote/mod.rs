@@ -216,6 +216,11 @@ impl Location {
                 "{url}: '.', '..' and empty path segments are not allowed"
             ));
         }
+        if ObjectPath::parse(key).is_err() {
+            return Err(format!(
+                "{url}: the key has characters an object path may not hold"
+            ));
+        }
         Ok(Location {
             base: format!("{scheme}://{host}/"),
             key: key.to_string(),
@@ -235,6 +240,12 @@ impl Location {
     /// The URL (no secrets: [`Location::parse`] refused them).
     pub(crate) fn url(&self) -> String {
         format!("{}{}", self.base, self.key)
+    }
+
+    /// The key as the store's path, as it is (validated by [`Location::parse`]: no
+    /// re-encoding, so a key read from a listing names the same object).
+    fn object_path(&self) -> ObjectPath {
+        ObjectPath::parse(&self.key).unwrap_or_else(|_| ObjectPath::from(self.key.as_str()))
     }
 
     /// As a path (how datasets name their files).
@@ -389,6 +400,13 @@ fn with_ca_bundle(
     let Some(path) = bundle else {
         return Ok(options);
     };
+    if !path.is_absolute() {
+        return Err(format!(
+            "the CA bundle {} (AWS_CA_BUNDLE or ca_bundle) must be an absolute path (the mount \
+             daemon runs from /)",
+            path.display()
+        ));
+    }
     let pem = std::fs::read(path).map_err(|e| {
         format!(
             "cannot read the CA bundle {} (AWS_CA_BUNDLE or ca_bundle): {e}",
@@ -416,6 +434,17 @@ fn run_until<F: std::future::Future>(
     fut: F,
 ) -> Option<F::Output> {
     rt.block_on(async move { tokio::time::timeout_at(deadline.into(), fut).await.ok() })
+}
+
+/// `etag` as a strong ETag in its quoted form (some stores list ETags without the quotes
+/// their HEAD and GET send); `None` for a weak or missing one, which never matches If-Match.
+fn strong_etag(etag: Option<String>) -> Option<String> {
+    let t = etag?;
+    let t = t.trim();
+    if t.is_empty() || t.starts_with("W/") {
+        return None;
+    }
+    Some(format!("\"{}\"", t.trim_matches('"')))
 }
 
 /// One object pinned at open (see the module docs).
@@ -464,7 +493,7 @@ impl RemoteObject {
             return Vec::new();
         };
         let heads = locations.iter().zip(&clients).map(|(l, (_, _, store))| {
-            let path = ObjectPath::from(l.key.as_str());
+            let path = l.object_path();
             let semaphore = semaphore.clone();
             async move {
                 let _permit = semaphore.acquire().await;
@@ -505,7 +534,7 @@ impl RemoteObject {
     ) -> Vec<std::result::Result<RemoteObject, StorageError>> {
         let known = |l: &Location| {
             (l.base == listed.base)
-                .then(|| listed.objects.get(&ObjectPath::from(l.key.as_str())))
+                .then(|| listed.objects.get(&l.object_path()))
                 .flatten()
         };
         let unknown: Vec<Location> = locations
@@ -520,7 +549,7 @@ impl RemoteObject {
                 // Named as the manifest names it (the listing's key is the same object).
                 Some(object) => Ok(RemoteObject {
                     location: l.clone(),
-                    path: ObjectPath::from(l.key.as_str()),
+                    path: l.object_path(),
                     ..object.clone()
                 }),
                 None => headed.next().expect("one result per unknown location"),
@@ -530,10 +559,9 @@ impl RemoteObject {
 
     /// The object at `location` as `meta` (a HEAD's or a listing's) describes it.
     fn pinned(location: Location, meta: ObjectMeta) -> RemoteObject {
-        // A weak ETag never matches If-Match (strong comparison): pin by size only.
-        let etag = meta.e_tag.filter(|t| !t.starts_with("W/"));
+        let etag = strong_etag(meta.e_tag);
         RemoteObject {
-            path: ObjectPath::from(location.key.as_str()),
+            path: location.object_path(),
             location,
             size: meta.size,
             etag,
@@ -558,6 +586,11 @@ impl RemoteObject {
     /// The object's URL.
     pub(crate) fn url(&self) -> String {
         self.location.url()
+    }
+
+    /// The strong ETag it was pinned by (quoted), if the store gave one.
+    pub(crate) fn etag(&self) -> Option<&str> {
+        self.etag.as_deref()
     }
 
     /// GETs `range` and copies it into `parts` (each `(offset, buf)` inside the range).
@@ -600,7 +633,9 @@ impl RemoteObject {
             .get_opts(&self.path, options)
             .await
             .map_err(|e| sanitize(&name, &e, Some(&probe)))?;
-        if response.range != range || (self.etag.is_some() && response.meta.e_tag != self.etag) {
+        if response.range != range
+            || (self.etag.is_some() && strong_etag(response.meta.e_tag.clone()) != self.etag)
+        {
             return Err(StorageError::Replaced { name });
         }
         let mut body = response.into_stream();
@@ -665,6 +700,9 @@ pub(crate) struct Listing {
 /// The most keys a listing takes: one page of S3's ListObjectsV2.
 const LIST_PAGE: usize = 1000;
 
+/// How long a mount waits for its listing after the manifest arrived (at least).
+const LIST_GRACE: Duration = Duration::from_secs(1);
+
 /// The whole object at `location` in one request (a manifest: at most `max` bytes, else an
 /// error naming it), and on S3 the objects under `prefix` listed in the same round trip: a
 /// mount then pins every file its manifest names without one HEAD each. A listing that
@@ -681,7 +719,7 @@ pub(crate) fn read_small_listing(
         Err(e) => return (Err(e), Listing::default()),
     };
     let timeout = config().read_timeout;
-    let path = ObjectPath::from(location.key.as_str());
+    let path = location.object_path();
     let too_big = |size: u64| StorageError::Remote {
         name: name.clone(),
         what: format!("{size} bytes or more, more than the {max} a manifest may have"),
@@ -724,11 +762,13 @@ pub(crate) fn read_small_listing(
         listing.base = prefix.base.clone();
         let _permit = semaphore.acquire().await;
         stats().requests.fetch_add(1, Relaxed);
-        let under = ObjectPath::from(prefix.key.as_str());
+        let under = prefix.object_path();
         let mut objects = store.list(Some(&under)).take(LIST_PAGE);
         while let Some(meta) = objects.next().await {
             match meta {
-                Ok(meta) => {
+                // Only an entry with a strong ETag pins its object; the others get a HEAD
+                // (which may also pin a version id).
+                Ok(meta) if strong_etag(meta.e_tag.clone()).is_some() => {
                     let location = Location {
                         base: prefix.base.clone(),
                         key: meta.location.to_string(),
@@ -737,6 +777,7 @@ pub(crate) fn read_small_listing(
                         .objects
                         .insert(meta.location.clone(), RemoteObject::pinned(location, meta));
                 }
+                Ok(_) => {}
                 Err(e) => {
                     log::debug!(
                         "{}",
@@ -750,11 +791,23 @@ pub(crate) fn read_small_listing(
         }
         listing
     };
-    match run_until(
-        &rt,
-        Instant::now() + timeout,
-        futures::future::join(get, list),
-    ) {
+    // The listing only saves HEADs: once the manifest is in, it gets at most as long again
+    // (at least LIST_GRACE) before the mount goes on without it.
+    let both = async {
+        let started = Instant::now();
+        match futures::future::select(Box::pin(get), Box::pin(list)).await {
+            futures::future::Either::Left((got, list)) => {
+                if got.is_err() {
+                    return (got, Listing::default());
+                }
+                let grace = LIST_GRACE.max(started.elapsed());
+                let listing = tokio::time::timeout(grace, list).await.unwrap_or_default();
+                (got, listing)
+            }
+            futures::future::Either::Right((listing, get)) => (get.await, listing),
+        }
+    };
+    match run_until(&rt, Instant::now() + timeout, both) {
         Some((Ok(bytes), listing)) => {
             stats().bytes.fetch_add(bytes.len() as u64, Relaxed);
             (Ok(bytes), listing)
@@ -788,7 +841,7 @@ pub(crate) fn list_dir(dir: &Location) -> std::result::Result<Vec<Location>, Sto
     }
     let (rt, semaphore, store) = store_for(&dir.base)?;
     let timeout = config().read_timeout;
-    let path = ObjectPath::from(dir.key.as_str());
+    let path = dir.object_path();
     let list = async {
         let _permit = semaphore.acquire().await;
         stats().requests.fetch_add(1, Relaxed);
@@ -815,6 +868,8 @@ pub(crate) fn list_dir(dir: &Location) -> std::result::Result<Vec<Location>, Sto
     let mut out: Vec<Location> = listed
         .objects
         .into_iter()
+        // A console's "folder" marker (`dir/`) is the directory itself, not a file in it.
+        .filter(|meta| meta.location.as_ref() != dir.key.as_str())
         .map(|meta| Location {
             base: dir.base.clone(),
             key: meta.location.to_string(),
@@ -966,5 +1021,17 @@ mod tests {
         }
         assert!(Location::parse("s3://b/ds").unwrap().join("../x").is_err());
         assert_eq!(redact_url("https://u:p@h:1/a/b?tok=1"), "https://h:1/a/b");
+    }
+
+    #[test]
+    fn etags_pin_in_their_quoted_form() {
+        let e = |t: &str| strong_etag(Some(t.to_string()));
+        assert_eq!(e("\"abc\"").as_deref(), Some("\"abc\""));
+        // NetApp ONTAP lists ETags without quotes; its GETs send them quoted.
+        assert_eq!(e("abc").as_deref(), Some("\"abc\""));
+        assert_eq!(e("\"d41d-2\""), e("d41d-2"));
+        assert_eq!(e("W/\"abc\""), None);
+        assert_eq!(e(""), None);
+        assert_eq!(strong_etag(None), None);
     }
 }
