@@ -130,7 +130,7 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
 }
 
 /// A plan's name (`None`: the only plan) and its view.
-pub(crate) type Named = (Option<String>, View);
+pub(crate) type Named = crate::view::NamedView;
 
 /// The plans of the run configuration `path` (`--config`), each with its name (`None`: the
 /// file has no `[[plan]]` tables; with `--plan NAME` only that plan, unnamed), their views
@@ -148,41 +148,12 @@ pub(crate) fn open_plans(
              configuration, not on the command line",
         ));
     }
-    let mut configs = crate::runconfig::RunConfig::read_plans(path)?;
-    if let Some(name) = &plan.plan {
-        let names: Vec<&str> = configs.iter().filter_map(|c| c.name.as_deref()).collect();
-        let Some(k) = configs.iter().position(|c| c.name.as_ref() == Some(name)) else {
-            return Err(Error::invalid(format!(
-                "{}: no [[plan]] named {name:?} (it has: {})",
-                path.display(),
-                if names.is_empty() {
-                    "none".to_string()
-                } else {
-                    names.join(", ")
-                }
-            )));
-        };
-        let mut one = configs.swap_remove(k);
-        one.name = None;
-        configs = vec![one];
-    }
     let open = crate::view::OpenOptions {
         max_open,
         allow_other: args.allow_other,
         verify_reads: args.verify_reads,
     };
-    let mut datasets = crate::view::Datasets::default();
-    let mut views = Vec::with_capacity(configs.len());
-    for mut config in configs {
-        config.view.max_listing = args.max_listing;
-        let view =
-            View::mixture_in(&config, &open, &mut datasets).map_err(|e| match &config.name {
-                Some(name) => Error::invalid(format!("plan {name:?}: {e}")),
-                None => e,
-            })?;
-        views.push((config.name, view));
-    }
-    Ok((views, datasets.len()))
+    View::open_config(path, plan.plan.as_deref(), &open, args.max_listing)
 }
 
 /// The view of the run configuration `path` (`--config`), which has one plan (or `--plan`
@@ -328,6 +299,12 @@ fn daemonize(
     // Remote datasets were opened on an I/O runtime: its threads stop here and start again in
     // the daemon on the first read.
     crate::storage::remote::quiesce();
+    // A runtime's threads have finished their work when quiesce returns, but may take a moment
+    // to leave /proc/self/task: wait for them (bounded) before counting.
+    let settle = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while thread_count().is_ok_and(|n| n > 1) && std::time::Instant::now() < settle {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     match thread_count() {
         Ok(1) => {}
         Ok(n) => {
