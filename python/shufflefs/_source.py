@@ -57,6 +57,13 @@ class Source(ABC):
         self._steps_per_epoch = int(info["steps_per_epoch"])
         self._epochs = int(info["epochs"])
         self._ranks = int(info["ranks"])
+        # Batch-size changes of a mixture's schedule: (first global step, rows per rank).
+        self._batches: List[Tuple[int, int]] = sorted(
+            (int(e["from_step"]), int(e["batch_size"]))
+            for e in (info.get("mixture") or {}).get("schedule") or []
+            if e.get("batch_size") is not None
+        )
+        self._max_rows = max([self._shape[0]] + [b for _, b in self._batches])
         expected = int(np.prod(self._shape)) * self._dtype.itemsize
         if expected != self._data_bytes:
             raise ValueError(
@@ -98,8 +105,28 @@ class Source(ABC):
 
     @property
     def step_shape(self) -> Tuple[int, ...]:
-        """Shape of every step array: ``(batch_size, window)``."""
+        """Shape of a step array: ``(batch_size, window)`` (of the first step when a schedule
+        changes the batch size: see :meth:`step_shape_at`)."""
         return self._shape
+
+    @property
+    def variable_shapes(self) -> bool:
+        """Whether a schedule changes the batch size, so steps differ in shape."""
+        return bool(self._batches)
+
+    def rows_at(self, epoch: int, step: int) -> int:
+        """Rows of the step ``(epoch, step)`` of every rank (the batch size in force there)."""
+        g = self.global_step(epoch, step)
+        rows = self._shape[0]
+        for first, b in self._batches:
+            if first > g:
+                break
+            rows = b
+        return rows
+
+    def step_shape_at(self, epoch: int, step: int) -> Tuple[int, ...]:
+        """Shape of the step ``(epoch, step)``: ``(rows_at(epoch, step), window)``."""
+        return (self.rows_at(epoch, step),) + self._shape[1:]
 
     @property
     def dtype(self) -> np.dtype:
@@ -181,9 +208,12 @@ class Source(ABC):
 
     # ---- reading ----------------------------------------------------------------------
 
-    def new_buffer(self) -> np.ndarray:
-        """A fresh array of the step's shape and dtype (contents undefined)."""
-        return np.empty(self._shape, self._dtype)
+    def new_buffer(self, epoch: Optional[int] = None, step: Optional[int] = None) -> np.ndarray:
+        """A fresh array (contents undefined) of the shape of step ``(epoch, step)``, or
+        without them of ``step_shape`` (the largest step when the batch size changes)."""
+        if epoch is None or step is None:
+            return np.empty((self._max_rows,) + self._shape[1:], self._dtype)
+        return np.empty(self.step_shape_at(epoch, step), self._dtype)
 
     def _check_key(self, epoch: int, rank: int, step: int) -> None:
         if not (
@@ -196,14 +226,14 @@ class Source(ABC):
                 f"0..{self._epochs}, ranks 0..{self._ranks}, steps 0..{self._steps_per_epoch})"
             )
 
-    def _raw(self, out: np.ndarray) -> np.ndarray:
-        """The bytes of ``out`` as a flat uint8 view, after checking it can take a step."""
+    def _raw(self, out: np.ndarray, shape: Optional[Tuple[int, ...]] = None) -> np.ndarray:
+        """The bytes of ``out`` as a flat uint8 view, after checking it can take a step of
+        ``shape`` (``step_shape`` by default)."""
+        shape = self._shape if shape is None else shape
         if not isinstance(out, np.ndarray):
             raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
-        if out.shape != self._shape or out.dtype != self._dtype:
-            raise ValueError(
-                f"out is {out.shape} {out.dtype}; a step is {self._shape} {self._dtype}"
-            )
+        if out.shape != shape or out.dtype != self._dtype:
+            raise ValueError(f"out is {out.shape} {out.dtype}; the step is {shape} {self._dtype}")
         if not (out.flags.c_contiguous and out.flags.writeable):
             raise ValueError("out must be C-contiguous and writeable")
         return out.reshape(-1).view(np.uint8)
@@ -213,13 +243,15 @@ class Source(ABC):
     ) -> np.ndarray:
         """The rows of ``epoch/E/rank/R/step/S.npy``: equal to ``np.load`` of that file.
 
-        With ``out`` (an array of ``step_shape`` and ``dtype``, C-contiguous) the rows are read
-        into it and it is returned; otherwise a new array is returned.
+        With ``out`` (an array of the step's shape, :meth:`step_shape_at`, and ``dtype``,
+        C-contiguous) the rows are read into it and it is returned; otherwise a new array is
+        returned.
         """
         self._check_key(epoch, rank, step)
+        shape = self.step_shape_at(epoch, step)
         if out is None:
-            out = self.new_buffer()
-        self._read_into(epoch, rank, step, self._raw(out))
+            out = np.empty(shape, self._dtype)
+        self._read_into(epoch, rank, step, self._raw(out, shape))
         return out
 
     @abstractmethod
@@ -337,14 +369,18 @@ class StepIterator(Iterator[Batch]):
         epoch, step = self.source.position(self._next)
         source = self.source
         if self._ring_size is None:
-            out = source.new_buffer()
-            raw = source._raw(out)
+            out = source.new_buffer(epoch, step)
+            raw = source._raw(out, out.shape)
         else:
             k = self._count % self._ring_size
             if k == len(self._ring):
                 arr = source.new_buffer()
-                self._ring.append((arr, source._raw(arr)))
+                self._ring.append((arr, source._raw(arr, arr.shape)))
             out, raw = self._ring[k]
+            if source.variable_shapes:
+                # The ring's arrays hold the largest step: this step is a prefix of one.
+                out = out[: source.rows_at(epoch, step)]
+                raw = raw[: out.nbytes]
         source._check_key(epoch, self.rank, step)
         source._read_into(epoch, self.rank, step, raw)
         self._next += 1

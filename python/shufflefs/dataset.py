@@ -73,6 +73,23 @@ class Dataset(Source):
         Source.__init__(self, json.loads(self._info_bytes))
 
     @classmethod
+    def from_config(
+        cls,
+        config: "str | os.PathLike[str]",
+        *,
+        plan: Optional[str] = None,
+        **options: Any,
+    ) -> "Dataset":
+        """The mixture of a run configuration (``RUN.toml``: sources, weights, schedule,
+        split, quarantine), in-process: the bytes ``shufflefs mount --config RUN.toml MNT``
+        serves. ``plan`` chooses one of several ``[[plan]]`` tables (as ``--plan NAME``); the
+        other keywords are the mount's remaining flags. The plan itself (window, batch size,
+        ranks, seed) comes from the file."""
+        path = os.fspath(config)
+        flags = ["--config", path] + plan_flags(plan=plan, **options)
+        return cls._from_flags(path, flags)
+
+    @classmethod
     def _from_flags(cls, path: str, flags: Sequence[str]) -> "Dataset":
         self = cls.__new__(cls)
         self._open(path, flags)

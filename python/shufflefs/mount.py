@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
@@ -34,7 +34,8 @@ class Mount(Source):
             ) from None
         self._info_bytes = raw
         super().__init__(json.loads(raw))
-        self._header: Optional[bytes] = None
+        # The checked header of each step shape.
+        self._headers: Dict[Tuple[int, ...], bytes] = {}
 
     def __repr__(self) -> str:
         return f"shufflefs.Mount({self.path!r})"
@@ -58,10 +59,14 @@ class Mount(Source):
 
     def _read_into(self, epoch: int, rank: int, step: int, raw: np.ndarray) -> None:
         path = self.step_path(epoch, rank, step)
-        header = bytearray(self._header_bytes)
-        want = len(header) + len(raw)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
+            if self.variable_shapes:
+                # Steps of another batch size may have a header of another length.
+                header = bytearray(max(0, os.fstat(fd).st_size - len(raw)))
+            else:
+                header = bytearray(self._header_bytes)
+            want = len(header) + len(raw)
             n = os.preadv(fd, [header, raw], 0)
             while n < want:
                 # A short read (rare): continue where it stopped.
@@ -77,28 +82,29 @@ class Mount(Source):
                 n += got
         finally:
             os.close(fd)
-        if header != self._header:
-            self._check_header(path, bytes(header))
+        shape = self.step_shape_at(epoch, step)
+        if header != self._headers.get(shape):
+            self._check_header(path, bytes(header), shape)
 
-    def _check_header(self, path: str, header: bytes) -> None:
-        """Checks a step file's header against info.json once; later headers must equal it."""
-        if self._header is not None:
+    def _check_header(self, path: str, header: bytes, shape: Tuple[int, ...]) -> None:
+        """Checks the header of a step file of ``shape`` against info.json once; later
+        headers of that shape must equal it."""
+        if shape in self._headers:
             raise OSError(f"{path}: the .npy header differs from the other step files'")
         stream = io.BytesIO(header)
         try:
             version = np.lib.format.read_magic(stream)
             if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+                found, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
             else:
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+                found, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
         except ValueError as e:
             raise OSError(f"{path}: not the .npy header info.json describes: {e}") from None
-        if tuple(shape) != self._shape or dtype != self._dtype or fortran:
+        if tuple(found) != shape or dtype != self._dtype or fortran:
             raise OSError(
-                f"{path}: header says {tuple(shape)} {dtype}, info.json {self._shape} "
-                f"{self._dtype}"
+                f"{path}: header says {tuple(found)} {dtype}, info.json {shape} {self._dtype}"
             )
-        self._header = header
+        self._headers[shape] = header
 
     def step_json_bytes(self, epoch: int, rank: int, step: int) -> bytes:
         self._check_key(epoch, rank, step)

@@ -10,7 +10,7 @@ worker processes, and a loader that knows the next step for checkpoints.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, Mapping, Optional, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -87,16 +87,17 @@ class StepDataset(IterableDataset):  # type: ignore[type-arg]
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         shared = info is not None  # tensors leave through shared memory: allocate them there
         source = self.source
-        scratch = source.new_buffer()
+        largest = source.new_buffer()
         for g in range(self._start + worker, self._stop, workers):
             epoch, step = source.position(g)
+            scratch = largest[: source.rows_at(epoch, step)]
             item = self._read(epoch, step, scratch, shared)
             if info is None:
                 self._next = g + 1
             yield item
 
-    def _tensor(self, dtype: torch.dtype, shared: bool) -> torch.Tensor:
-        t = torch.empty(self.source.step_shape, dtype=dtype)
+    def _tensor(self, dtype: torch.dtype, shape: Tuple[int, ...], shared: bool) -> torch.Tensor:
+        t = torch.empty(shape, dtype=dtype)
         return t.share_memory_() if shared else t
 
     def _read(self, epoch: int, step: int, scratch: np.ndarray, shared: bool) -> Item:
@@ -110,7 +111,7 @@ class StepDataset(IterableDataset):  # type: ignore[type-arg]
             if native is None:
                 raise TypeError(f"torch has no dtype for {source.dtype}; pass dtype=")
             # Read straight into the tensor's memory.
-            t = self._tensor(native, shared)
+            t = self._tensor(native, scratch.shape, shared)
             source.step(epoch, self.rank, step, out=t.numpy())
             return t
         source.step(epoch, self.rank, step, out=scratch)
@@ -123,7 +124,7 @@ class StepDataset(IterableDataset):  # type: ignore[type-arg]
                 raise TypeError(f"torch has no dtype for {array.dtype}; pass dtype=")
         else:
             dtype = self.dtype
-        t = self._tensor(dtype, shared)
+        t = self._tensor(dtype, array.shape, shared)
         np.copyto(t.numpy(), array, casting="unsafe")
         return t
 

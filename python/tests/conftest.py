@@ -89,6 +89,51 @@ def datasets(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
     return out
 
 
+MIXTURE_HEAD = """\
+window = 33
+stride = 32
+batch_size = 4
+ranks = 2
+seed = 7
+steps_per_epoch = 24
+epochs = 2
+"""
+
+
+@pytest.fixture(scope="session")
+def mixtures(
+    tmp_path_factory: pytest.TempPathFactory, datasets: Dict[str, Path]
+) -> Dict[str, Path]:
+    """Run configurations over two u16 token datasets (positional and random): "schedule"
+    (weights and the batch size change at global step 20, a held-out split, a quarantined
+    observation) and "plans" (two [[plan]] tables)."""
+    root = tmp_path_factory.mktemp("mixtures")
+    rng = np.random.default_rng(17)
+    rng.integers(0, 50000, 80000, dtype=np.uint16).tofile(root / "random.bin")
+    run("pack", root / "random", root / "random.bin", "--dtype", "u16", "--shard-size", "32KiB")
+    sources = (
+        f'[[source]]\nname = "pos"\npath = "{datasets["stream"]}"\nweight = 0.7\n\n'
+        f'[[source]]\nname = "rnd"\npath = "{root / "random"}"\nweight = 0.3\n\n'
+    )
+    (root / "bad.txt").write_text("rnd 5\n")
+    out: Dict[str, Path] = {}
+    out["schedule"] = root / "schedule.toml"
+    out["schedule"].write_text(
+        MIXTURE_HEAD
+        + 'quarantine = "bad.txt"\n\n[split]\nval = 0.01\n\n'
+        + sources
+        + "[[schedule]]\nfrom_step = 20\nweights = { pos = 0.2, rnd = 0.8 }\nbatch_size = 6\n"
+    )
+    out["plans"] = root / "plans.toml"
+    out["plans"].write_text(
+        MIXTURE_HEAD
+        + sources
+        + '[[plan]]\nname = "base"\n\n[[plan]]\nname = "other"\nseed = 99\n'
+        + "weights = { pos = 0.5, rnd = 0.5 }\n"
+    )
+    return out
+
+
 #: Plans per dataset kind, as Dataset keywords (= mount flags).
 PLANS: Dict[str, Dict[str, Any]] = {
     "stream": dict(window=65, stride=64, batch_size=4, ranks=3, seed=11, epochs=2),
@@ -121,10 +166,14 @@ def mount(tmp_path: Path) -> Iterator[Callable[..., Path]]:
         pytest.skip(message)
     mounted: List[Path] = []
 
-    def do_mount(dataset: Path, **plan: Any) -> Path:
+    def do_mount(dataset: "Path | None", **plan: Any) -> Path:
+        """A dataset directory with plan flags, or None with config=RUN.toml (a mixture)."""
         mnt = tmp_path / f"mnt{len(mounted)}"
         mnt.mkdir()
-        run("mount", dataset, mnt, *plan_flags(plan))
+        if dataset is None:
+            run("mount", mnt, *plan_flags(plan))
+        else:
+            run("mount", dataset, mnt, *plan_flags(plan))
         mounted.append(mnt)
         return mnt
 

@@ -73,7 +73,7 @@ def test_out_parameter(datasets: Dict[str, Path], mount: Callable[..., Path]) ->
         out = src.new_buffer()
         got = src.step(1, 2, 5, out=out)
         assert got is out and np.array_equal(out, m.step(1, 2, 5))
-        with pytest.raises(ValueError, match="a step is"):
+        with pytest.raises(ValueError, match="the step is"):
             src.step(0, 0, 0, out=np.empty((1, 2), src.dtype))
         with pytest.raises(ValueError, match="C-contiguous"):
             src.step(0, 0, 0, out=np.empty(src.step_shape[::-1], src.dtype).T)
@@ -131,3 +131,51 @@ def test_out_dtype(datasets: Dict[str, Path], mount: Callable[..., Path]) -> Non
         assert a.dtype == b.dtype == np.int64
         assert np.array_equal(a, b)
         assert np.array_equal(a, plain.step(1, 0, step).astype(np.int64))
+
+
+def test_mixture_with_a_batch_schedule_is_identical(
+    mixtures: Dict[str, Path], mount: Callable[..., Path]
+) -> None:
+    cfg = mixtures["schedule"]
+    mnt = mount(None, config=cfg)
+    m = shufflefs.Mount(mnt)
+    d = shufflefs.Dataset.from_config(cfg)
+    assert m.info_bytes == d.info_bytes and m.fingerprint == d.fingerprint
+    assert m.variable_shapes and d.variable_shapes
+    shapes = set()
+    for epoch in range(m.epochs):
+        for rank in range(m.ranks):
+            for step in range(m.steps_per_epoch):
+                expected = np.load(mnt / f"epoch/{epoch}/rank/{rank}/step/{step}.npy")
+                a = m.step(epoch, rank, step)
+                b = d.step(epoch, rank, step)
+                assert expected.shape == m.step_shape_at(epoch, step) == a.shape == b.shape
+                assert a.tobytes() == expected.tobytes() == b.tobytes(), (epoch, rank, step)
+                assert m.step_json_bytes(epoch, rank, step) == d.step_json_bytes(
+                    epoch, rank, step
+                )
+                shapes.add(a.shape)
+    assert shapes == {(4, 33), (6, 33)}
+    # A ring of reused buffers holds steps of both sizes.
+    for source in (m, d):
+        for batch in source.iter_steps(rank=1, buffers=2):
+            expected = np.load(mnt / f"epoch/{batch.epoch}/rank/1/step/{batch.step}.npy")
+            assert batch.data.shape == expected.shape
+            assert batch.data.tobytes() == expected.tobytes()
+
+
+def test_config_plans_are_chosen_by_name(
+    mixtures: Dict[str, Path], mount: Callable[..., Path]
+) -> None:
+    cfg = mixtures["plans"]
+    mnt = mount(None, config=cfg)
+    with pytest.raises(ValueError, match="several"):
+        shufflefs.Dataset.from_config(cfg)
+    with pytest.raises(ValueError, match="no \\[\\[plan\\]\\] named"):
+        shufflefs.Dataset.from_config(cfg, plan="nope")
+    for name in ("base", "other"):
+        m = shufflefs.Mount(mnt / "plan" / name)
+        d = shufflefs.Dataset.from_config(cfg, plan=name)
+        assert m.info_bytes == d.info_bytes
+        for step in range(m.steps_per_epoch):
+            assert m.step(1, 1, step).tobytes() == d.step(1, 1, step).tobytes()

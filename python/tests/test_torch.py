@@ -114,3 +114,16 @@ def test_loader_refuses_batching(datasets: Dict[str, Path]) -> None:
         StepDataset(src, rank=0).loader(batch_size=2)
     with pytest.raises(ValueError, match="persistent"):
         StepDataset(src, rank=0).loader(num_workers=1, persistent_workers=True)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_mixture_with_a_batch_schedule_through_a_loader(
+    workers: int, mixtures: Dict[str, Path]
+) -> None:
+    src = shufflefs.Dataset.from_config(mixtures["schedule"])
+    got = list(StepDataset(src, rank=0).loader(num_workers=workers))
+    want = expected(src, 0)
+    assert len(got) == len(want) == src.total_steps
+    for t, a in zip(got, want):
+        assert tuple(t.shape) == a.shape and np.array_equal(t.numpy(), a.astype(np.int64))
+    assert {tuple(t.shape) for t in got} == {(4, 33), (6, 33)}

@@ -46,6 +46,18 @@ pub struct OpenOptions {
     pub verify_reads: bool,
 }
 
+impl Default for OpenOptions {
+    /// The mount's defaults (`--max-open-shards 4096`, no `--allow-other` or
+    /// `--verify-reads`).
+    fn default() -> Self {
+        OpenOptions {
+            max_open: crate::storage::fdpool::DEFAULT_MAX_OPEN,
+            allow_other: false,
+            verify_reads: false,
+        }
+    }
+}
+
 /// The datasets of a mount's plans, each opened once (by its canonical directory), so plans
 /// over the same sources share their descriptors and their reads.
 #[derive(Debug, Default)]

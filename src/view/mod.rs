@@ -26,7 +26,12 @@ use crate::format::dtype::{RecordType, ScalarType};
 use crate::format::npy;
 use crate::inode::Inodes;
 use crate::shuffle::plan::{Plan, StepKey};
-use crate::tree::{DEFAULT_MAX_LISTING, Shape};
+pub use crate::tree::DEFAULT_MAX_LISTING;
+
+/// A plan of a run configuration: its `[[plan]]` name (none for the one plan of a file
+/// without them) and its view.
+pub type NamedView = (Option<String>, View);
+use crate::tree::Shape;
 
 mod convert;
 mod gather;
@@ -403,6 +408,48 @@ impl View {
     /// `open` says.
     pub fn mixture(config: &crate::runconfig::RunConfig, open: &OpenOptions) -> Result<View> {
         View::mixture_in(config, open, &mut Datasets::default())
+    }
+
+    /// The views of the run configuration at `path` (`mount --config`): one per `[[plan]]`
+    /// table (named), or the one plan of a file without them (unnamed); `plan` keeps only the
+    /// plan of that name (unnamed then, as if alone). Every plan's sources are opened once
+    /// for all of them; returns how many datasets that is. `max_listing` as the mount's flag.
+    pub fn open_config(
+        path: &Path,
+        plan: Option<&str>,
+        open: &OpenOptions,
+        max_listing: u64,
+    ) -> Result<(Vec<NamedView>, usize)> {
+        let mut configs = crate::runconfig::RunConfig::read_plans(path)?;
+        if let Some(name) = plan {
+            let names: Vec<&str> = configs.iter().filter_map(|c| c.name.as_deref()).collect();
+            let Some(k) = configs.iter().position(|c| c.name.as_deref() == Some(name)) else {
+                return Err(Error::invalid(format!(
+                    "{}: no [[plan]] named {name:?} (it has: {})",
+                    path.display(),
+                    if names.is_empty() {
+                        "none".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                )));
+            };
+            let mut one = configs.swap_remove(k);
+            one.name = None;
+            configs = vec![one];
+        }
+        let mut datasets = Datasets::default();
+        let mut views = Vec::with_capacity(configs.len());
+        for mut config in configs {
+            config.view.max_listing = max_listing;
+            let view =
+                View::mixture_in(&config, open, &mut datasets).map_err(|e| match &config.name {
+                    Some(name) => Error::invalid(format!("plan {name:?}: {e}")),
+                    None => e,
+                })?;
+            views.push((config.name, view));
+        }
+        Ok((views, datasets.len()))
     }
 
     /// [`View::mixture`] with its datasets taken from `datasets` (opened there the first time):

@@ -11,7 +11,7 @@ use std::path::Path;
 use clap::Parser;
 use shufflefs::cli::PlanOptions;
 use shufflefs::plan::StepKey;
-use shufflefs::view::{View, ViewConfig};
+use shufflefs::view::{DEFAULT_MAX_LISTING, OpenOptions, View, ViewConfig};
 
 /// An error of the core, sorted for Python: bad arguments or an I/O / dataset problem.
 pub enum CoreError {
@@ -47,16 +47,41 @@ impl Core {
     /// Opens the dataset at `dir` with the plan given as mount flags (`["--window", "9", ..]`).
     pub fn open(dir: &Path, flags: &[String]) -> Result<Core, CoreError> {
         let flags = Flags::try_parse_from(flags).map_err(|e| CoreError::Invalid(e.to_string()))?;
-        if flags.plan.config.is_some() {
-            return Err(CoreError::Invalid(
-                "config: mixtures are served by `shufflefs mount --config RUN.toml MNT` (read \
-                 them with shufflefs.Mount); the in-process backend takes one dataset"
-                    .into(),
-            ));
+        if let Some(path) = &flags.plan.config {
+            return Core::open_config(path, &flags.plan);
         }
         let config = ViewConfig::from(&flags.plan);
         Ok(Core {
             view: View::open(dir, &config)?,
+        })
+    }
+
+    /// The plan of the run configuration at `path` (`--config`; `--plan NAME` chooses one of
+    /// several `[[plan]]` tables), as `shufflefs mount --config` serves it.
+    fn open_config(path: &Path, plan: &PlanOptions) -> Result<Core, CoreError> {
+        if plan.window.is_some() || plan.batch_size.is_some() || plan.stride.is_some() {
+            return Err(CoreError::Invalid(
+                "config: the run configuration defines the plan; give window, batch_size and \
+                 stride there, not as keywords"
+                    .into(),
+            ));
+        }
+        let (mut views, _) = View::open_config(
+            path,
+            plan.plan.as_deref(),
+            &OpenOptions::default(),
+            DEFAULT_MAX_LISTING,
+        )?;
+        if views.len() > 1 {
+            let names: Vec<String> = views.iter().filter_map(|(n, _)| n.clone()).collect();
+            return Err(CoreError::Invalid(format!(
+                "{} has several [[plan]] tables: choose one with plan=NAME ({})",
+                path.display(),
+                names.join(", ")
+            )));
+        }
+        Ok(Core {
+            view: views.remove(0).1,
         })
     }
 
@@ -70,9 +95,17 @@ impl Core {
         self.view.info().npy_header_bytes
     }
 
-    /// Size of the data (rows) of every step file.
+    /// Size of the data (rows) of a step file of the plan's batch size.
     pub fn data_bytes(&self) -> u64 {
         self.view.step_npy_len() - self.header_bytes()
+    }
+
+    /// Size of the data (rows) of step `key`'s file, and of its header (a schedule may change
+    /// the batch size: then both vary).
+    fn layout_at(&self, key: StepKey) -> (u64, u64) {
+        let row = self.data_bytes() / self.view.plan().batch_size().max(1);
+        let data = row * self.view.step_batch(key);
+        (data, self.view.step_npy_len_at(key) - data)
     }
 
     fn key(&self, epoch: u64, rank: u64, step: u64) -> Result<StepKey, CoreError> {
@@ -100,14 +133,14 @@ impl Core {
         out: &mut [u8],
     ) -> Result<(), CoreError> {
         let key = self.key(epoch, rank, step)?;
-        if out.len() as u64 != self.data_bytes() {
+        let (data, header) = self.layout_at(key);
+        if out.len() as u64 != data {
             return Err(CoreError::Invalid(format!(
-                "the buffer is {} bytes; a step's rows are {} bytes",
-                out.len(),
-                self.data_bytes()
+                "the buffer is {} bytes; the rows of step {epoch}/{rank}/{step} are {data} bytes",
+                out.len()
             )));
         }
-        let n = self.view.read_step_npy(key, self.header_bytes(), out)?;
+        let n = self.view.read_step_npy(key, header, out)?;
         if n != out.len() {
             return Err(CoreError::Io(format!(
                 "step {epoch}/{rank}/{step}: assembled {n} of {} bytes",

@@ -58,7 +58,8 @@ impl View {
     }
 
     /// Reads the rows of `epoch/E/rank/R/step/S.npy` into `out`, a writable C-contiguous
-    /// buffer of exactly `data_bytes` bytes, with the GIL released.
+    /// buffer of exactly the step's rows (`data_bytes` at the plan's batch size), with the GIL
+    /// released.
     fn read_step(
         &self,
         py: Python<'_>,
