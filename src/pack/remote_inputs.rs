@@ -79,9 +79,10 @@ fn remote_error(path: &Path, e: StorageError) -> Error {
     Error::io(path, e.into())
 }
 
-/// The objects a remote input stands for: a glob in its last component (`*`, `?`), or a URL
-/// ending in `/`, stands for the objects directly under that prefix (matching the glob), in
-/// key order (S3 only: an HTTP server cannot list); any other URL for itself.
+/// The objects a remote input stands for: a glob in its last component (`*`; a `?` would
+/// start a query), or a URL ending in `/`, stands for the objects directly under that prefix
+/// (matching the glob), in key order (S3 only: an HTTP server cannot list); any other URL for
+/// itself.
 pub(super) fn expand(p: &Path) -> Result<Vec<PathBuf>> {
     let url = p.to_string_lossy();
     // A URL with credentials or a query (a presigned URL) is refused before anything names
