@@ -54,7 +54,16 @@ impl Dataset {
             // The listing pins the manifest's files in the manifest's round trip (S3).
             let (bytes, listing) =
                 remote::read_small_listing(&manifest_path, Some(&location), MAX_MANIFEST_BYTES);
-            let bytes = bytes.map_err(|e| remote_error(&manifest_path.path(), e))?;
+            let bytes = bytes.map_err(|e| match e {
+                remote::StorageError::Missing { .. } => Error::invalid(format!(
+                    "{}: no {MANIFEST} there, so not a packed dataset: upload the directory \
+                     `shufflefs pack` wrote, or reference token files where they are with \
+                     `shufflefs pack DIR --in-place '{}/*.bin'` and mount DIR",
+                    location.url(),
+                    location.url()
+                )),
+                e => remote_error(&manifest_path.path(), e),
+            })?;
             let manifest = Manifest::parse(&bytes, &manifest_path.path())?;
             let mut files = Files::new(FilesKind::Remote(location.clone()));
             files.listing = listing;

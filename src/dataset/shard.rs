@@ -212,13 +212,17 @@ impl Shard {
             return Ok(());
         };
         let guard = format::in_place_guard(&entry.path, entry.bytes, packed, &entry.hash);
-        // A remote object is trusted only by an ETag equal to the one packed (its mtime, a
-        // Last-Modified of one-second resolution or none at all, is no guard alone).
-        let unchanged = if self.source.as_remote().is_some() {
-            entry.etag.is_some() && entry.etag.as_deref() == etag && mtime != 0
-        } else {
-            true
-        };
+        // A remote object with a recorded ETag is the packed one only while its ETag is: an
+        // object replaced since (whatever its sampled pages say) is refused. Without one, its
+        // mtime (a Last-Modified of one-second resolution, or none) is no guard alone.
+        let remote = self.source.as_remote().is_some();
+        if remote
+            && let Some(want) = entry.etag.as_deref()
+            && etag != Some(want)
+        {
+            return Err(Error::dataset(&self.path, CorruptKind::InPlaceModified));
+        }
+        let unchanged = !remote || (entry.etag.is_some() && mtime != 0);
         if unchanged && mtime == packed && entry.in_place_guard.as_deref() == Some(guard.as_str()) {
             return Ok(());
         }

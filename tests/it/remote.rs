@@ -788,3 +788,45 @@ fn https_behind_a_private_authority_needs_its_bundle() {
         "{err}"
     );
 }
+
+#[test]
+fn a_remote_in_place_object_replaced_after_pack_is_refused_by_its_etag() {
+    let Some(moto) = Moto::start() else {
+        return;
+    };
+    let env = moto.env(&moto.url());
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    // 1 MiB of u16 tokens: 16 pages of 4 KiB are sampled, most bytes are not.
+    let tokens: Vec<u8> = (0..(1u32 << 19))
+        .flat_map(|i| ((i % 50_000) as u16).to_le_bytes())
+        .collect();
+    std::fs::write(src.join("t.bin"), &tokens).unwrap();
+    moto.upload("etag", &src, "tok");
+    let ds = tmp.path().join("ds");
+    pack_in_place(
+        &ds,
+        &["s3://etag/tok/t.bin".to_string()],
+        &["--dtype", "u16"],
+        &env,
+    );
+    let inspect = || {
+        let mut cmd = command(&["inspect", s(&ds)]);
+        cmd.envs(env.iter().cloned());
+        cmd.output().unwrap()
+    };
+    assert!(inspect().status.success());
+    // A byte no sample covers (between the first two sampled pages), re-uploaded: same size,
+    // same samples, another ETag.
+    let mut changed = tokens.clone();
+    changed[8192 + 10] ^= 0x55;
+    std::fs::write(src.join("t.bin"), &changed).unwrap();
+    moto.upload("etag", &src, "tok");
+    let o = inspect();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("t.bin") && err.contains("modified"),
+        "{err}"
+    );
+}

@@ -70,6 +70,11 @@ impl std::fmt::Display for StorageError {
                 "{name} changed since it was opened (ETag/version differs): refusing to mix old and new bytes; remount to serve the new object"
             ),
             StorageError::Missing { name } => write!(f, "{name}: object not found"),
+            StorageError::Denied { name } if name.starts_with("http") => write!(
+                f,
+                "{name}: the server refused it (HTTP 401/403); no credentials are sent over \
+                 HTTP(S): a private bucket is read as s3://BUCKET/KEY"
+            ),
             StorageError::Denied { name } => write!(
                 f,
                 "{name}: access denied (check the credentials and the bucket policy)"
@@ -132,6 +137,36 @@ pub(super) fn sanitize(name: &str, e: &object_store::Error, probe: Option<&Probe
         E::NotFound { .. } => StorageError::Missing { name },
         E::PermissionDenied { .. } | E::Unauthenticated { .. } => StorageError::Denied { name },
         other => {
+            // Causes' text, to classify (never echoed: it may hold a URL).
+            let mut chain = String::new();
+            let mut src: Option<&(dyn std::error::Error + 'static)> = Some(other);
+            while let Some(s) = src {
+                chain.push_str(&s.to_string());
+                chain.push('\n');
+                src = s.source();
+            }
+            let has = |t: &str| chain.contains(t);
+            if has("AccessDenied")
+                || has("InvalidAccessKeyId")
+                || has("SignatureDoesNotMatch")
+                || has("403 Forbidden")
+            {
+                return StorageError::Denied { name };
+            }
+            // The last resort of the credential chain is the instance metadata service: when
+            // it fails, nothing earlier gave credentials.
+            if chain.to_ascii_lowercase().contains("credential")
+                || has("/latest/api/token")
+                || has("/latest/meta-data")
+            {
+                return StorageError::Remote {
+                    name,
+                    what: "no credentials found: none in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, \
+                           AWS_PROFILE or the AWS files, no web identity or container \
+                           credentials, and no instance metadata service answered"
+                        .into(),
+                };
+            }
             let st = probe.map(|p| p.get()).unwrap_or_default();
             let mut what = match (st.last_status, &st.last_code, &st.last_transport) {
                 (Some(s), Some(code), _) if s >= 400 => format!("HTTP {s} {code}"),
@@ -169,6 +204,10 @@ pub(super) fn sanitize(name: &str, e: &object_store::Error, probe: Option<&Probe
             }
             if let Some(t) = untrusted {
                 what = format!("{t}: {}", certificate_advice(&t));
+            }
+            // Listings carry no probe: their S3 error code is in the causes' text.
+            if what == "request failed" && has("NoSuchBucket") {
+                what = "no such bucket".into();
             }
             if what == "request failed" {
                 let msg = other.to_string();

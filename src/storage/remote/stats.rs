@@ -100,7 +100,8 @@ impl Stats {
         if self.requests.load(Relaxed) == 0 {
             return None;
         }
-        let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
+        // Milliseconds to the microsecond (no float noise such as 5.119000000000001).
+        let ms = |d: Option<Duration>| d.map(|d| d.as_micros() as f64 / 1e3);
         Some(serde_json::json!({
             "requests": self.requests.load(Relaxed),
             "attempts": self.attempts.load(Relaxed),
