@@ -617,13 +617,22 @@ impl View {
         if expected.trim().eq_ignore_ascii_case(fingerprint) {
             return Ok(());
         }
+        let compare = if self.mixed.is_some() {
+            format!(
+                "compare the `fingerprint` of `shufflefs plan --config RUN.toml --epoch E --rank \
+                 0 --step S` (global step {resume_step}: the S.json the checkpoint kept) for \
+                 both configurations, or pass the checkpoint's step as --resume-step"
+            )
+        } else {
+            "compare `shufflefs plan DATASET_DIR ... --info` outputs".to_string()
+        };
         Err(Error::invalid(format!(
             "--expect-fingerprint {expected} does not match this mount's fingerprint \
              {fingerprint}: the dataset (its content or checksums), the global plan (seed, \
              window, stride, global batch = batch size x ranks, mode, pad id) or the format or \
              algorithm version differ from the run being resumed (ranks, batch size and epochs \
-             may change while batch size x ranks stays); compare `shufflefs plan DATASET_DIR \
-             ... --info` outputs, or drop the flag to start a new order"
+             may change while batch size x ranks stays); {compare}, or drop the flag to start \
+             a new order"
         )))
     }
 

@@ -250,6 +250,22 @@ fn a_schedule_change_keeps_the_past_and_continues_each_source() {
     assert!(check(&fp(&x[39 * 2].3), "39"));
     assert!(!check(&fp(&x[41 * 2].3), "41"));
     assert!(check(&fp(&y[41 * 2].3), "41"));
+    // The refusal tells a mixture's user how to compare: the configuration's S.json.
+    let o = shufflefs(&[
+        "plan",
+        "--config",
+        s(&run),
+        "--info",
+        "--expect-fingerprint",
+        &fp(&x[41 * 2].3),
+        "--resume-step",
+        "41",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--config RUN.toml") && err.contains("global step 41"),
+        "{err}"
+    );
 }
 
 #[test]
