@@ -164,16 +164,8 @@ pub(crate) fn open_mixture(
     args: &crate::cli::MountFlags,
     max_open: usize,
 ) -> Result<View> {
-    let (mut views, _) = open_plans(path, plan, args, max_open)?;
-    if views.len() > 1 {
-        let names: Vec<String> = views.iter().filter_map(|(n, _)| n.clone()).collect();
-        return Err(Error::invalid(format!(
-            "{} has several [[plan]] tables: choose one with --plan NAME ({})",
-            path.display(),
-            names.join(", ")
-        )));
-    }
-    Ok(views.remove(0).1)
+    let (views, _) = open_plans(path, plan, args, max_open)?;
+    View::one_plan(views, path, "--plan NAME")
 }
 
 /// The filesystem the flags describe: one dataset, or the plans of a run configuration; the

@@ -452,6 +452,21 @@ impl View {
         Ok((views, datasets.len()))
     }
 
+    /// The one plan of `views` (as [`View::open_config`] opened them from `path`), or an error
+    /// listing their names when there are several; `choose` says how to pick one
+    /// (`--plan NAME`, `plan=NAME`).
+    pub fn one_plan(mut views: Vec<NamedView>, path: &Path, choose: &str) -> Result<View> {
+        if views.len() > 1 {
+            let names: Vec<String> = views.iter().filter_map(|(n, _)| n.clone()).collect();
+            return Err(Error::invalid(format!(
+                "{} has several [[plan]] tables: choose one with {choose} ({})",
+                path.display(),
+                names.join(", ")
+            )));
+        }
+        Ok(views.remove(0).1)
+    }
+
     /// [`View::mixture`] with its datasets taken from `datasets` (opened there the first time):
     /// the plans of one mount share them.
     pub fn mixture_in(

@@ -50,6 +50,31 @@ fn documents(config: ViewConfig) -> ViewConfig {
     }
 }
 
+/// Every step file of epoch 0 through the mount at `mnt` equals `view`'s (`label` names the
+/// case in failures), and so does its fingerprint; returns the mount's `info.json`.
+fn assert_mount_serves(mnt: &Path, view: &View, label: &str) -> Value {
+    let plan = view.plan();
+    for rank in 0..plan.ranks() {
+        for step in 0..plan.steps_per_epoch() {
+            let key = StepKey {
+                epoch: 0,
+                rank,
+                step,
+            };
+            let got = std::fs::read(step_path(mnt, 0, rank, step, "npy")).unwrap();
+            assert_eq!(got, view.render_step_npy(key).unwrap(), "{label} {key:?}");
+        }
+    }
+    let info: Value =
+        serde_json::from_slice(&std::fs::read(mnt.join("info.json")).unwrap()).unwrap();
+    assert_eq!(
+        info["fingerprint"].as_str(),
+        Some(view.fingerprint()),
+        "{label}"
+    );
+    info
+}
+
 /// The URL of dataset `ds` under the server root `root` at `base`.
 fn url_of(base: &str, root: &Path, ds: &Path) -> String {
     format!("{base}/{}", ds.strip_prefix(root).unwrap().display())
@@ -119,21 +144,7 @@ fn s3_datasets_mount_and_serve_the_bytes_of_local_disk() {
     let stats: Value =
         serde_json::from_slice(&std::fs::read(mnt.path().join("stats.json")).unwrap()).unwrap();
     assert_eq!(stats["remote"]["requests"].as_u64(), Some(2), "{stats}");
-    let plan = local.plan();
-    for rank in 0..2 {
-        for step in 0..plan.steps_per_epoch() {
-            let key = StepKey {
-                epoch: 0,
-                rank,
-                step,
-            };
-            let got = std::fs::read(step_path(mnt.path(), 0, rank, step, "npy")).unwrap();
-            assert_eq!(got, local.render_step_npy(key).unwrap(), "{key:?}");
-        }
-    }
-    let info: Value =
-        serde_json::from_slice(&std::fs::read(mnt.path().join("info.json")).unwrap()).unwrap();
-    assert_eq!(info["fingerprint"].as_str(), Some(local.fingerprint()));
+    let info = assert_mount_serves(mnt.path(), &local, "s3");
     assert_eq!(info["dataset"].as_str(), Some("s3://train/sets/ds"));
     unmount(mnt.path());
 }
@@ -706,25 +717,7 @@ fn pack_in_place_over_s3_globs_mounts_the_bytes_of_the_local_files() {
             "mount: {}",
             String::from_utf8_lossy(&o.stderr)
         );
-        let plan = a.plan();
-        for rank in 0..2 {
-            for step in 0..plan.steps_per_epoch() {
-                let key = StepKey {
-                    epoch: 0,
-                    rank,
-                    step,
-                };
-                let got = std::fs::read(step_path(mnt.path(), 0, rank, step, "npy")).unwrap();
-                assert_eq!(got, a.render_step_npy(key).unwrap(), "{name} {key:?}");
-            }
-        }
-        let info: Value =
-            serde_json::from_slice(&std::fs::read(mnt.path().join("info.json")).unwrap()).unwrap();
-        assert_eq!(
-            info["fingerprint"].as_str(),
-            Some(a.fingerprint()),
-            "{name}"
-        );
+        assert_mount_serves(mnt.path(), &a, name);
         unmount(mnt.path());
         // Each shard records its object's ETag; an object replaced by one of the same size
         // (another ETag, other sampled bytes) is refused at mount, naming it.

@@ -66,22 +66,14 @@ impl Core {
                     .into(),
             ));
         }
-        let (mut views, _) = View::open_config(
+        let (views, _) = View::open_config(
             path,
             plan.plan.as_deref(),
             &OpenOptions::default(),
             DEFAULT_MAX_LISTING,
         )?;
-        if views.len() > 1 {
-            let names: Vec<String> = views.iter().filter_map(|(n, _)| n.clone()).collect();
-            return Err(CoreError::Invalid(format!(
-                "{} has several [[plan]] tables: choose one with plan=NAME ({})",
-                path.display(),
-                names.join(", ")
-            )));
-        }
         Ok(Core {
-            view: views.remove(0).1,
+            view: View::one_plan(views, path, "plan=NAME")?,
         })
     }
 
