@@ -54,8 +54,9 @@ pmnt=$(mktemp -d)
 smnt=$(mktemp -d)
 fmnt=$(mktemp -d)
 qmnt=$(mktemp -d)
+nmnt=$(mktemp -d)
 cleanup() {
-  for m in "$mnt" "$pmnt" "$smnt" "$fmnt" "$qmnt"; do
+  for m in "$mnt" "$pmnt" "$smnt" "$fmnt" "$qmnt" "$nmnt"; do
     "$bin" unmount "$m" >/dev/null 2>&1 || "$bin" unmount --lazy "$m" >/dev/null 2>&1
     rmdir "$m"
   done
@@ -70,15 +71,18 @@ trap cleanup EXIT
   --threads 2 >/dev/null
 # Prefill: prefetched step files pushed into the kernel page cache.
 "$bin" -q mount "$work/dataset" "$qmnt" "${plan[@]}" --prefill >/dev/null
-# FUSE's own ceiling: every step read answered from one in-memory file.
+# The default mount with every READ answered by the daemon (as on kernels without FUSE
+# passthrough).
+"$bin" -q mount "$work/dataset" "$nmnt" "${plan[@]}" --no-passthrough >/dev/null
+# The READ transport's own ceiling: every READ answered from one in-memory file.
 "$bin" -q mount "$work/dataset" "$smnt" "${plan[@]}" --threads 2 --cache-size 0 --stub-reads \
-  >/dev/null 2>&1
+  --no-passthrough >/dev/null 2>&1
 
 results=$(mktemp)
 for rep in $(seq "$reps"); do
   for row in "direct 1 -" "direct 2 -" "mount 1 $smnt" "mount 2 $smnt" "mount 1 $mnt" \
     "mount 2 $mnt" "mount 1 $fmnt" "mount 2 $fmnt" "mount 1 $pmnt" "mount 2 $pmnt" \
-    "mount 1 $qmnt" "mount 2 $qmnt"; do
+    "mount 1 $nmnt" "mount 2 $nmnt" "mount 1 $qmnt" "mount 2 $qmnt"; do
     set -- $row
     extra=()
     if [ "$1" = mount ]; then extra=(--mountpoint "$3"); fi
@@ -87,6 +91,7 @@ for rep in $(seq "$reps"); do
     if [ "$3" = "$smnt" ]; then tag=stub; fi
     if [ "$3" = "$fmnt" ]; then tag=nodeadline; fi
     if [ "$3" = "$qmnt" ]; then tag=prefill; fi
+    if [ "$3" = "$nmnt" ]; then tag=nopass; fi
     "$bin" bench "$work/dataset" "${plan[@]}" --source "$1" --readers "$2" --files "$files" \
       --skip "$next" "${extra[@]}" | sed "s/^{/{\"tag\":\"$tag\",/" >> "$results"
     next=$((next + files))
@@ -99,12 +104,13 @@ pfiles=$((quick == 1 ? 200 : 1000))
 paced=$(mktemp)
 pm=$(mktemp -d)
 for rep in $(seq "$reps"); do
-  for tag in direct default prefill; do
+  for tag in direct default nopass prefill; do
     for readers in 1 2; do
       extra=(--source direct)
       if [ "$tag" != direct ]; then
         flags=()
         if [ "$tag" = prefill ]; then flags=(--prefill); fi
+        if [ "$tag" = nopass ]; then flags=(--no-passthrough); fi
         "$bin" -q mount "$work/dataset" "$pm" "${plan[@]}" "${flags[@]}" >/dev/null
         extra=(--source mount --mountpoint "$pm")
       fi
@@ -124,9 +130,10 @@ done
 # is after 5 s): the default mount against --prefill, fresh mounts, 2 readers.
 lfiles=$((quick == 1 ? 2000 : 60000))
 long=$(mktemp)
-for tag in default prefill; do
+for tag in default nopass prefill; do
   flags=()
   if [ "$tag" = prefill ]; then flags=(--prefill); fi
+  if [ "$tag" = nopass ]; then flags=(--no-passthrough); fi
   "$bin" -q mount "$work/dataset" "$pm" "${plan[@]}" "${flags[@]}" >/dev/null
   "$bin" bench "$work/dataset" "${plan[@]}" --source mount --mountpoint "$pm" --readers 2 \
     --files "$lfiles" --skip "$next" | sed "s/^{/{\"tag\":\"$tag\",/" >> "$long"
@@ -162,10 +169,12 @@ if ! python3 -c "import numpy" >/dev/null 2>&1; then
 fi
 pyfiles=$((files / 2))
 for rep in $(seq "$reps"); do
-  python3 - "$pmnt" "$work/tokens.bin" "$pyfiles" "$next" >> "$results" <<'PY' || true
+  for pm_tag in "$pmnt:" "$nmnt:_nopass"; do
+  python3 - "${pm_tag%%:*}" "$work/tokens.bin" "$pyfiles" "$next" "${pm_tag#*:}" >> "$results" <<'PY' || true
 import json, sys, time
 import numpy as np
 mnt, tokens, files, skip = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+suffix = sys.argv[5]
 info = json.load(open(f"{mnt}/info.json"))
 B, W, S = info["batch_size"], info["window"], info["stride"]
 spe = info["steps_per_epoch"]
@@ -173,6 +182,8 @@ spe = info["steps_per_epoch"]
 steps = range(skip // 2, skip // 2 + 2 * files)
 paths = [f"{mnt}/epoch/{i // spe}/rank/0/step/{i % spe}.npy" for i in steps]
 def emit(tag, secs, n):
+    if tag in ("np.load", "readinto"):
+        tag += suffix
     print(json.dumps({"source": "python", "tag": tag, "readers": 1, "files": n,
                       "secs": secs, "tokens_per_s": n * B * W / secs}))
 t = time.perf_counter()
@@ -186,6 +197,8 @@ for p in paths[files:]:
         f.readinto(buf)
     a = np.frombuffer(buf, dtype=info["dtype"], offset=info["npy_header_bytes"]).reshape(B, W)
 emit("readinto", time.perf_counter() - t, files)
+if suffix:
+    sys.exit(0)
 # The loader people write by hand: memmap + a full permutation, gathering the same windows.
 t = time.perf_counter()
 data = np.memmap(tokens, dtype=np.uint32, mode="r")
@@ -200,6 +213,7 @@ print(json.dumps({"source": "python", "tag": "naive_startup", "readers": 1, "fil
                   "secs": startup, "tokens_per_s": 0}))
 PY
   next=$((next + 4 * pyfiles))
+  done
 done
 
 limit_file=$(mktemp)
@@ -219,30 +233,40 @@ print(f"{'row':<62} {'M tokens/s':>11} {'files/s':>9} {'ratio':>6}")
 for label, source, readers, tag in [
     ("(1) direct pread of the same windows, 1 thread", "direct", 1, "plain"),
     ("(1) direct pread of the same windows, 2 threads", "direct", 2, "plain"),
-    ("(2) mount, stub replies from memory (FUSE ceiling), 1 reader", "mount", 1, "stub"),
-    ("(2) mount, stub replies from memory (FUSE ceiling), 2 readers", "mount", 2, "stub"),
+    ("(2) READ ceiling: stub replies from memory, no passthrough, 1 rd", "mount", 1, "stub"),
+    ("(2) READ ceiling: stub replies from memory, no passthrough, 2 rd", "mount", 2, "stub"),
     ("(3) mount, no cache, whole-file reads, 1 reader", "mount", 1, "plain"),
     ("(3) mount, no cache, whole-file reads, 2 readers", "mount", 2, "plain"),
     ("(3) ... no cache, --read-timeout 0 --threads 2, 1 reader", "mount", 1, "nodeadline"),
     ("(3) ... no cache, --read-timeout 0 --threads 2, 2 readers", "mount", 2, "nodeadline"),
-    ("(3) mount, cache + prefetch (default), 1 reader", "mount", 1, "prefetch"),
-    ("(3) mount, cache + prefetch (default), 2 readers", "mount", 2, "prefetch"),
+    ("(3) mount, cache + prefetch + passthrough (default), 1 reader", "mount", 1, "prefetch"),
+    ("(3) mount, cache + prefetch + passthrough (default), 2 readers", "mount", 2, "prefetch"),
+    ("(3) ... default with --no-passthrough, 1 reader", "mount", 1, "nopass"),
+    ("(3) ... default with --no-passthrough, 2 readers", "mount", 2, "nopass"),
     ("(7) mount with --prefill, unpaced, 1 reader", "mount", 1, "prefill"),
     ("(7) mount with --prefill, unpaced, 2 readers", "mount", 2, "prefill"),
 ]:
     t = med(source, readers, tag)
     print(f"{label:<62} {t/1e6:>11.1f} {t/65536:>9.0f} {t/limit:>6.2f}")
+for readers in (1, 2):
+    d, n, s = med("mount", readers, "prefetch"), med("mount", readers, "nopass"), med("mount", readers, "stub")
+    print(f"    default, {readers} reader(s): {d / s:.2f}x the READ ceiling, "
+          f"{d / n:.2f}x --no-passthrough")
 py = [r for r in rows if r["source"] == "python"]
 if py:
     for label, tag in [
         ("(4) Python, default mount: np.load", "np.load"),
         ("(4) Python, default mount: readinto + frombuffer", "readinto"),
+        ("(4) Python, --no-passthrough: np.load", "np.load_nopass"),
+        ("(4) Python, --no-passthrough: readinto + frombuffer", "readinto_nopass"),
         ("(5) naive numpy memmap + rng.permutation loader", "naive"),
     ]:
         t = statistics.median(r["tokens_per_s"] for r in py if r["tag"] == tag)
         print(f"{label:<62} {t/1e6:>11.1f} {t/65536:>9.0f} {t/limit:>6.2f}")
     naive = statistics.median(r["tokens_per_s"] for r in py if r["tag"] == "naive")
     ri = statistics.median(r["tokens_per_s"] for r in py if r["tag"] == "readinto")
+    nl = statistics.median(r["tokens_per_s"] for r in py if r["tag"] == "np.load")
+    print(f"    np.load vs readinto through the default mount: {nl / ri:.2f}")
     st = statistics.median(r["secs"] for r in py if r["tag"] == "naive_startup")
     print(f"    readinto consumer vs naive loader: {ri / naive:.2f}x; "
           f"naive loader startup (memmap + permutation): {st * 1000:.0f} ms")
@@ -261,7 +285,8 @@ for readers in (1, 2):
     base = statistics.median(r["latency_p50_us"] for r in lat
                              if r["tag"] == "default" and r["readers"] == readers)
     for label, tag in [("direct pread of the windows (no FUSE)", "direct"),
-                       ("default mount (direct_io + cache + prefetch)", "default"),
+                       ("default mount (passthrough + cache + prefetch)", "default"),
+                       ("default mount with --no-passthrough", "nopass"),
                        ("mount with --prefill", "prefill")]:
         xs = [r for r in lat if r["tag"] == tag and r["readers"] == readers]
         p50 = statistics.median(r["latency_p50_us"] for r in xs)
@@ -286,7 +311,7 @@ longrows = [json.loads(l) for l in open(sys.argv[3])]
 limit = float(open(sys.argv[4]).read())
 print()
 print("(9) 2 unpaced readers for long enough that the governor decides (fresh mounts)")
-for tag in ("default", "prefill"):
+for tag in ("default", "nopass", "prefill"):
     r = next(r for r in longrows if r["tag"] == tag and r["source"] == "mount")
     c = next(r for r in longrows if r["tag"] == tag and r["source"] == "counters")
     print(f"    {tag:<8} {r['tokens_per_s'] / 1e6:8.1f} M tokens/s ({r['tokens_per_s'] / limit:.2f} of "

@@ -14,9 +14,10 @@ use lru::LruCache;
 use serde::Serialize;
 
 use crate::shuffle::plan::StepKey;
+use crate::stepbuf::StepBuf;
 
 struct Entry {
-    bytes: Arc<[u8]>,
+    bytes: Arc<StepBuf>,
     /// Inserted by the prefetcher and not read yet.
     unread_prefetch: bool,
 }
@@ -80,7 +81,9 @@ struct Store {
     plans: std::sync::atomic::AtomicUsize,
     /// Evicted files no reply still holds, reused by [`StepCache::buffer`]: the prefetcher
     /// then neither allocates, zero-fills nor page-faults in its steady state.
-    spare: Mutex<Vec<Arc<[u8]>>>,
+    spare: Mutex<Vec<Arc<StepBuf>>>,
+    /// New buffers are memory files (the mount serves step files by passthrough).
+    memfd: std::sync::atomic::AtomicBool,
     counters: Counters,
 }
 
@@ -114,6 +117,7 @@ impl StepCache {
             capacity,
             plans: std::sync::atomic::AtomicUsize::new(0),
             spare: Mutex::new(Vec::new()),
+            memfd: std::sync::atomic::AtomicBool::new(false),
             counters: Counters::default(),
         };
         StepCache {
@@ -158,7 +162,7 @@ impl StepCache {
 
     /// The step file for `key`, counting a hit or a miss.
     #[cfg(test)]
-    pub(crate) fn get(&self, key: StepKey) -> Option<Arc<[u8]>> {
+    pub(crate) fn get(&self, key: StepKey) -> Option<Arc<StepBuf>> {
         let mut map = self.lock();
         match map.get_mut(&(self.plan, key)) {
             Some(entry) => {
@@ -179,7 +183,7 @@ impl StepCache {
 
     /// The step file for `key` if cached, counting a hit; a miss counts nothing (the caller
     /// will ask again with [`StepCache::get`]).
-    pub(crate) fn get_if_cached(&self, key: StepKey) -> Option<Arc<[u8]>> {
+    pub(crate) fn get_if_cached(&self, key: StepKey) -> Option<Arc<StepBuf>> {
         let mut map = self.lock();
         let entry = map.get_mut(&(self.plan, key))?;
         if std::mem::take(&mut entry.unread_prefetch) {
@@ -192,7 +196,7 @@ impl StepCache {
     }
 
     /// The step file for `key` if cached, without counting or refreshing it.
-    pub(crate) fn peek(&self, key: StepKey) -> Option<Arc<[u8]>> {
+    pub(crate) fn peek(&self, key: StepKey) -> Option<Arc<StepBuf>> {
         self.lock().peek(&(self.plan, key)).map(|e| e.bytes.clone())
     }
 
@@ -203,18 +207,34 @@ impl StepCache {
 
     /// A buffer of one step file's size that nothing else references (its content is
     /// unspecified): a recycled evicted file when there is one.
-    pub(crate) fn buffer(&self) -> Arc<[u8]> {
+    pub(crate) fn buffer(&self) -> Arc<StepBuf> {
         let spare = {
             let mut spare = self.store.spare.lock().unwrap_or_else(|p| p.into_inner());
             // Several plans may have step files of several sizes.
             let found = spare.iter().rposition(|b| b.len() == self.file_len);
             found.map(|i| spare.swap_remove(i))
         };
-        spare.unwrap_or_else(|| std::iter::repeat_n(0u8, self.file_len).collect())
+        spare.unwrap_or_else(|| {
+            let buf = if self.store.memfd.load(Ordering::Relaxed) {
+                StepBuf::memfd(self.file_len).unwrap_or_else(|e| {
+                    log::debug!("no memory file for a step ({e}): heap memory instead");
+                    StepBuf::heap(self.file_len)
+                })
+            } else {
+                StepBuf::heap(self.file_len)
+            };
+            Arc::new(buf)
+        })
+    }
+
+    /// New buffers of the store (every plan's) are memory files from now on, which the
+    /// kernel can serve from (see `stepbuf.rs`).
+    pub(crate) fn use_memfds(&self) {
+        self.store.memfd.store(true, Ordering::Relaxed);
     }
 
     /// Inserts a finished step file, evicting the least recently used entry when full.
-    pub(crate) fn insert(&self, key: StepKey, bytes: Arc<[u8]>, prefetched: bool) {
+    pub(crate) fn insert(&self, key: StepKey, bytes: Arc<StepBuf>, prefetched: bool) {
         let key = (self.plan, key);
         let mut map = self.lock();
         if map.contains(&key) {
@@ -237,7 +257,9 @@ impl StepCache {
                     .fetch_add(1, Ordering::Relaxed);
             }
             drop(map);
-            if Arc::get_mut(&mut old.bytes).is_some() {
+            // Reused only when nothing else holds it: no reply, and for a memory file no
+            // reader's open or mapping.
+            if Arc::get_mut(&mut old.bytes).is_some() && old.bytes.unshared() {
                 let mut spare = self.store.spare.lock().unwrap_or_else(|p| p.into_inner());
                 if spare.len() == MAX_SPARE {
                     // The oldest goes (a plan's steady state recycles its own size).
@@ -325,8 +347,12 @@ mod tests {
         }
     }
 
-    fn bytes(v: u8) -> Arc<[u8]> {
-        vec![v; 4].into()
+    fn bytes(v: u8) -> Arc<StepBuf> {
+        Arc::new(vec![v; 4].into())
+    }
+
+    fn buf(v: Vec<u8>) -> Arc<StepBuf> {
+        Arc::new(v.into())
     }
 
     #[test]
@@ -337,7 +363,7 @@ mod tests {
         cache.insert(k(0), bytes(0), false);
         cache.insert(k(1), bytes(1), true);
         assert_eq!(cache.keys(), vec![k(1), k(0)]);
-        assert_eq!(&*cache.get(k(0)).unwrap(), &[0; 4]);
+        assert_eq!(&**cache.get(k(0)).unwrap(), &[0; 4]);
         assert_eq!(cache.keys(), vec![k(0), k(1)], "a hit refreshes the entry");
         // Inserting a third evicts the least recently used: the unread prefetch of step 1.
         cache.insert(k(2), bytes(2), true);
@@ -354,7 +380,7 @@ mod tests {
             ),
             (1, 1, 2, 0, 1, 1)
         );
-        assert_eq!(&*cache.get(k(2)).unwrap(), &[2; 4]);
+        assert_eq!(&**cache.get(k(2)).unwrap(), &[2; 4]);
         let s = cache.stats();
         assert_eq!(
             (s.hits, s.prefetch_used, s.entries, s.capacity),
@@ -365,7 +391,7 @@ mod tests {
         assert_eq!(cache.stats().prefetch_used, 1);
         // Re-inserting an existing key changes nothing.
         cache.insert(k(2), bytes(9), true);
-        assert_eq!(&*cache.get(k(2)).unwrap(), &[2; 4]);
+        assert_eq!(&**cache.get(k(2)).unwrap(), &[2; 4]);
         assert_eq!(cache.stats().prefetched, 2);
     }
 
@@ -375,13 +401,13 @@ mod tests {
         let b = a.for_plan(1, 6);
         a.insert(k(0), bytes(1), true);
         assert!(b.get(k(0)).is_none(), "plan 1's step 0 is not plan 0's");
-        b.insert(k(0), vec![7; 6].into(), true);
-        assert_eq!(&*a.get(k(0)).unwrap(), &[1; 4]);
-        assert_eq!(&*b.get(k(0)).unwrap(), &[7; 6]);
+        b.insert(k(0), buf(vec![7; 6]), true);
+        assert_eq!(&**a.get(k(0)).unwrap(), &[1; 4]);
+        assert_eq!(&**b.get(k(0)).unwrap(), &[7; 6]);
         assert_eq!((a.keys(), b.keys()), (vec![k(0)], vec![k(0)]));
         // One budget: plan 1's inserts evict plan 0's least recently used entry.
-        b.insert(k(1), vec![8; 6].into(), false);
-        b.insert(k(2), vec![9; 6].into(), false);
+        b.insert(k(1), buf(vec![8; 6]), false);
+        b.insert(k(2), buf(vec![9; 6]), false);
         assert!(a.keys().is_empty());
         let s = b.stats();
         assert_eq!((s.entries, s.capacity, s.evicted), (3, 3, 1));

@@ -404,6 +404,11 @@ pub struct MountFlags {
     /// served by the kernel without a round trip to the daemon (pages are dropped once read).
     #[arg(long, help_heading = MOUNT_HEADING)]
     pub prefill: bool,
+    /// Serve every READ of a step file from the daemon, as on kernels without FUSE passthrough.
+    /// By default (Linux 6.9+, a root daemon) an open step file is handed to the kernel as a
+    /// memory file, so reads, mmap and end-of-file probes cost no round trip.
+    #[arg(long, conflicts_with = "prefill", help_heading = MOUNT_HEADING)]
+    pub no_passthrough: bool,
     /// Most dataset files (shards, checksum and document files) kept open at once; beyond it
     /// files are reopened on demand and must still be the files validated at mount (ESTALE
     /// otherwise) [default: 4096, or what the open-file limit leaves].

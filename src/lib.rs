@@ -42,6 +42,7 @@ mod prefill;
 pub mod runconfig;
 mod shuffle;
 mod stats;
+mod stepbuf;
 mod storage;
 mod tree;
 mod verify;

@@ -10,6 +10,8 @@
 //! JSON white space that a terminal does not show (each one moves the cursor back to the start
 //! of the line the closing brace is on).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use serde::Serialize;
 
 use crate::cache::{self, StepCache};
@@ -24,6 +26,8 @@ pub(crate) const PADDED_LEN: usize = 4096;
 struct Stats {
     cache: cache::Stats,
     cache_enabled: bool,
+    /// Step files handed to the kernel as memory files (`null`: the mount does not).
+    passthrough: Option<PassthroughStats>,
     prefetch_active: bool,
     /// Steps a read queues ahead now (the deepest of the plans; 0 without prefetch).
     prefetch_depth: u64,
@@ -32,10 +36,42 @@ struct Stats {
     remote: Option<serde_json::Value>,
 }
 
+/// Counters of the opens of step files with a backing memory file (FUSE passthrough), kept
+/// by the FUSE adapter.
+#[derive(Debug, Default)]
+pub(crate) struct Passthrough {
+    /// Opens answered with a backing file.
+    pub(crate) opened: AtomicU64,
+    /// Of those, opens whose step was copied into a memory file first (not cached, or not
+    /// cached in one).
+    pub(crate) copied: AtomicU64,
+    /// Opens answered the usual way instead (the step could not be assembled, or the kernel
+    /// refused the file): their reads reach the daemon.
+    pub(crate) fallback: AtomicU64,
+}
+
+#[derive(Serialize)]
+struct PassthroughStats {
+    copied: u64,
+    fallback: u64,
+    opened: u64,
+}
+
+impl Passthrough {
+    fn stats(&self) -> PassthroughStats {
+        PassthroughStats {
+            copied: self.copied.load(Ordering::Relaxed),
+            fallback: self.fallback.load(Ordering::Relaxed),
+            opened: self.opened.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// The bytes of `stats.json` (see the module docs; `padded` with `--prefill`).
 pub(crate) fn render(
     cache: Option<&StepCache>,
     prefetchers: &[impl std::ops::Deref<Target = Prefetcher>],
+    passthrough: Option<&Passthrough>,
     padded: bool,
 ) -> Vec<u8> {
     let stats = Stats {
@@ -43,6 +79,7 @@ pub(crate) fn render(
         cache_enabled: cache.is_some(),
         prefetch_active: prefetchers.iter().any(|p| p.is_active()),
         prefetch_depth: prefetchers.iter().map(|p| p.depth()).max().unwrap_or(0),
+        passthrough: passthrough.map(Passthrough::stats),
         prefill: prefetchers
             .iter()
             .find_map(|p| p.prefill())
@@ -71,7 +108,7 @@ mod tests {
                 rank: 0,
                 step: 1,
             },
-            vec![1, 2, 3].into(),
+            std::sync::Arc::new(vec![1, 2, 3].into()),
             true,
         );
         let prefill = PrefillStats {
@@ -84,6 +121,11 @@ mod tests {
             cache_enabled: true,
             prefetch_active: false,
             prefetch_depth: 4,
+            passthrough: Some(PassthroughStats {
+                copied: 1,
+                fallback: 0,
+                opened: 5,
+            }),
             prefill: Some(prefill),
             remote: Some(serde_json::json!({"requests": 1})),
         };
@@ -94,6 +136,7 @@ mod tests {
             "cache": cache.stats(),
             "prefetch_active": false,
             "prefetch_depth": 4,
+            "passthrough": {"copied": 1, "fallback": 0, "opened": 5},
             "prefill": prefill,
             "remote": {"requests": 1},
         });
@@ -101,7 +144,7 @@ mod tests {
             serde_json::to_vec_pretty(&stats).unwrap(),
             serde_json::to_vec_pretty(&value).unwrap()
         );
-        let padded = render(Some(&cache), &[] as &[&Prefetcher], true);
+        let padded = render(Some(&cache), &[] as &[&Prefetcher], None, true);
         assert_eq!(padded.len() % PADDED_LEN, 0);
         let end = padded.iter().rposition(|&b| b == b'}').unwrap();
         assert!(

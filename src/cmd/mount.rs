@@ -122,6 +122,7 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
         read_timeout,
         on_top: args.on_top,
         prefill: args.prefill,
+        passthrough: !args.no_passthrough,
     };
     if args.foreground {
         return serve(fs, cache, &mountpoint, &options, None);

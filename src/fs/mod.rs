@@ -335,6 +335,17 @@ impl ShuffleFs {
     }
 
     /// The step cache, if enabled (shared by the plans).
+    /// Step files are handed to the kernel as memory files from now on (FUSE passthrough):
+    /// the step cache keeps its steps in them, and `stats.json` shows `counters`.
+    pub(crate) fn serve_by_passthrough(&self, counters: Arc<crate::stats::Passthrough>) {
+        if let Some(c) = &self.cache {
+            c.use_memfds();
+        }
+        for p in &self.plans {
+            let _ = p.passthrough.set(counters.clone());
+        }
+    }
+
     pub fn cache(&self) -> Option<&StepCache> {
         self.cache.as_deref()
     }
@@ -359,7 +370,14 @@ impl ShuffleFs {
                     .iter()
                     .filter_map(|p| p.prefetcher.as_ref())
                     .collect();
-                crate::stats::render(self.cache(), &prefetchers, self.padded_stats)
+                crate::stats::render(
+                    self.cache(),
+                    &prefetchers,
+                    self.plans
+                        .first()
+                        .and_then(|p| p.passthrough.get().map(|c| &**c)),
+                    self.padded_stats,
+                )
             }
         }
     }

@@ -40,6 +40,8 @@ pub(super) struct PlanFs {
     /// real reads, so the last few are kept. Bounded by [`JSON_CACHE_ENTRIES`] files of at most
     /// `read::JSON_CACHE_MAX_FILE` bytes each.
     pub(super) json_cache: Mutex<LruCache<Node, Arc<[u8]>>>,
+    /// The mount's passthrough counters, once it serves step files that way.
+    pub(super) passthrough: std::sync::OnceLock<Arc<crate::stats::Passthrough>>,
 }
 
 impl PlanFs {
@@ -60,6 +62,7 @@ impl PlanFs {
             json_cache: Mutex::new(LruCache::new(
                 NonZeroUsize::new(JSON_CACHE_ENTRIES).expect("non-zero"),
             )),
+            passthrough: std::sync::OnceLock::new(),
         })
     }
 
@@ -83,6 +86,7 @@ impl PlanFs {
         crate::stats::render(
             self.cache.as_deref(),
             &self.prefetcher.iter().collect::<Vec<_>>(),
+            self.passthrough.get().map(|c| &**c),
             self.padded_stats,
         )
     }

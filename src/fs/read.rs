@@ -25,6 +25,7 @@ use super::{Attr, Loc, ShuffleFs, Top};
 use crate::error::{Error, Result};
 use crate::prefetch::Claim;
 use crate::shuffle::plan::StepKey;
+use crate::stepbuf::StepBuf;
 use crate::tree::Node;
 use crate::view::{Mask, json_len, json_range};
 
@@ -41,8 +42,10 @@ pub(super) const JSON_CACHE_MAX_FILE: u64 = 1 << 20;
 pub enum Bytes<'a> {
     /// Borrowed: a file the filesystem holds, or the front of the caller's scratch buffer.
     Borrowed(&'a [u8]),
-    /// A range of an immutable shared file (a cached step or JSON file).
+    /// A range of an immutable shared file (a cached JSON file).
     Shared(Arc<[u8]>, Range<usize>),
+    /// A range of a finished step file (from the step cache).
+    Step(Arc<StepBuf>, Range<usize>),
     /// Owned by the reply (a `stats.json` rendering).
     Owned(Vec<u8>),
 }
@@ -53,6 +56,7 @@ impl Deref for Bytes<'_> {
         match self {
             Bytes::Borrowed(bytes) => bytes,
             Bytes::Shared(bytes, range) => &bytes[range.clone()],
+            Bytes::Step(bytes, range) => &bytes[range.clone()],
             Bytes::Owned(bytes) => bytes,
         }
     }
@@ -200,6 +204,12 @@ fn range(len: usize, offset: u64, size: u32) -> Range<usize> {
     start..start.saturating_add(size as usize).min(len)
 }
 
+/// Bytes `[offset, offset + size)` of a finished step file.
+fn step_range(bytes: Arc<StepBuf>, offset: u64, size: u32) -> Bytes<'static> {
+    let range = range(bytes.len(), offset, size);
+    Bytes::Step(bytes, range)
+}
+
 /// Bytes `[offset, offset + size)` of a shared file.
 fn shared(bytes: Arc<[u8]>, offset: u64, size: u32) -> Bytes<'static> {
     let range = range(bytes.len(), offset, size);
@@ -265,7 +275,7 @@ impl PlanFs {
                     return Ok(Read::Ready(shared(stub.clone(), offset, size)));
                 }
                 match self.cached_step(key) {
-                    Some(bytes) => shared(bytes, offset, size),
+                    Some(bytes) => step_range(bytes, offset, size),
                     None => return Ok(job),
                 }
             }
@@ -292,7 +302,7 @@ impl PlanFs {
 
     /// Step `key` from the step cache (counted as a hit), telling the prefetcher the reader is
     /// there.
-    fn cached_step(&self, key: StepKey) -> Option<Arc<[u8]>> {
+    fn cached_step(&self, key: StepKey) -> Option<Arc<StepBuf>> {
         let bytes = self.cache.as_ref()?.get_if_cached(key)?;
         if let Some(p) = &self.prefetcher {
             p.hint(key);
@@ -309,7 +319,7 @@ impl PlanFs {
         scratch: &'s mut Vec<u8>,
     ) -> Result<Bytes<'s>> {
         if let Some(bytes) = self.cached_step(key) {
-            return Ok(shared(bytes, offset, size));
+            return Ok(step_range(bytes, offset, size));
         }
         let _guard = match self
             .prefetcher
@@ -318,7 +328,7 @@ impl PlanFs {
         {
             Some((p, Claim::Ready(bytes))) => {
                 p.hint(key);
-                return Ok(shared(bytes, offset, size));
+                return Ok(step_range(bytes, offset, size));
             }
             Some((p, Claim::Yours(guard))) => {
                 p.hint(key);
@@ -413,5 +423,32 @@ impl Write for Capped {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+impl ShuffleFs {
+    /// Step file `key` of plan `plan` if the step cache holds it (a hit, and the prefetcher
+    /// learns where the reader is).
+    pub(crate) fn step_if_cached(&self, plan: u32, key: StepKey) -> Option<Arc<StepBuf>> {
+        self.plan(plan).cached_step(key)
+    }
+
+    /// Step file `key` of plan `plan`, whole: from the step cache, or waited for from the
+    /// prefetcher, or assembled here into `scratch` (blocking).
+    pub(crate) fn step_file<'s>(
+        &self,
+        plan: u32,
+        key: StepKey,
+        scratch: &'s mut Vec<u8>,
+    ) -> Result<Bytes<'s>> {
+        let fs = self.plan(plan);
+        if let Some(stub) = &fs.stub {
+            return Ok(shared(stub.clone(), 0, u32::MAX));
+        }
+        let len = fs.view.step_npy_len_at(key);
+        let size = u32::try_from(len).map_err(|_| {
+            Error::InvalidInput(format!("a step file of {len} bytes is over 4 GiB"))
+        })?;
+        fs.read_step_miss(key, 0, size, scratch)
     }
 }

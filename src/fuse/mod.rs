@@ -23,6 +23,7 @@ mod deadline;
 mod dispatch;
 mod handles;
 mod kernel_cache;
+mod passthrough;
 pub(crate) mod session;
 
 use attr::{file_attr, file_type};
@@ -70,6 +71,11 @@ pub(crate) struct FuseAdapter {
     /// `--prefill`: files are opened without a round trip (OPEN answers ENOSYS once, and the
     /// kernel then opens every file itself, through the page cache).
     prefill_mode: bool,
+    /// Step files are opened with a memory file as their backing file (FUSE passthrough):
+    /// asked for (`want_passthrough`), then chosen at `init` from what the kernel supports.
+    passthrough: bool,
+    want_passthrough: bool,
+    backings: Arc<passthrough::Backings>,
 }
 
 impl FuseAdapter {
@@ -82,6 +88,7 @@ impl FuseAdapter {
         read_timeout: Option<Duration>,
         threads: usize,
         prefill: bool,
+        passthrough: bool,
     ) -> FuseAdapter {
         FuseAdapter {
             fs: Arc::new(fs),
@@ -92,6 +99,9 @@ impl FuseAdapter {
             handles: Handles::default(),
             prefill: Arc::new(OnceLock::new()),
             prefill_mode: prefill,
+            passthrough: false,
+            want_passthrough: passthrough && !prefill,
+            backings: Arc::default(),
         }
     }
 
@@ -130,6 +140,44 @@ impl FuseAdapter {
         {
             log::warn!("cannot start a thread to stop prefill stores: {e}");
         }
+    }
+
+    /// Opens step file `ino` (plan `k`'s step `key`) with a memory file holding the step as
+    /// its backing file (`passthrough.rs`): the cache's, now, or one assembled where
+    /// `dispatch.rs` runs jobs, under the read deadline (`EIO` once it passes, as a read).
+    /// A step that cannot be assembled (a damaged shard) or a file the kernel refuses answers
+    /// the open the usual way instead: the reads then reach the daemon and succeed or fail
+    /// exactly as without passthrough.
+    fn open_step(&self, ino: u64, k: u32, key: crate::shuffle::plan::StepKey, reply: ReplyOpen) {
+        let Some(reply) = self.backings.reopen(ino, reply) else {
+            return;
+        };
+        let fallback = self.open_flags;
+        if !self.backings.live() {
+            return self.backings.fell_back(reply, fallback);
+        }
+        if let Some(buf) = self.fs.step_if_cached(k, key)
+            && buf.memfd_fd().is_some()
+        {
+            return self.backings.open(ino, buf, reply, fallback);
+        }
+        let backings = self.backings.clone();
+        self.dispatch.open(&self.fs, ino, reply, move |fs, take| {
+            let buf = dispatch::with_scratch(|scratch| {
+                let bytes = fs.step_file(k, key, scratch)?;
+                backings
+                    .backing_file(bytes)
+                    .map_err(|e| Error::io("a memory file for a step", e))
+            });
+            let Some(reply) = take() else { return };
+            match buf {
+                Ok(buf) => backings.open(ino, buf, reply, fallback),
+                Err(e) => {
+                    debug!("open ino={ino}: no backing file ({e}): reads go to the daemon");
+                    backings.fell_back(reply, fallback)
+                }
+            }
+        });
     }
 
     /// Turns core attributes into the reply's TTL and `FileAttr`, detached from `self` (so a
@@ -189,9 +237,27 @@ impl Filesystem for FuseAdapter {
                 let _ = config.set_max_readahead(max);
             }
         }
-        let supported = wanted & config.capabilities();
+        // Registering a backing file needs CAP_SYS_ADMIN: a daemon without it (a user's mount
+        // through fusermount3) does not ask. One refused anyway turns it off (passthrough.rs).
+        if self.want_passthrough && nix::unistd::geteuid().is_root() {
+            wanted |= InitFlags::FUSE_PASSTHROUGH;
+        }
+        let mut supported = wanted & config.capabilities();
         if let Err(missing) = config.add_capabilities(supported) {
             debug!("kernel refused capabilities {missing:?}");
+            supported -= missing;
+        }
+        // A stacking depth of 1: the backing files (memory files) are on no stacked
+        // filesystem, and this mount may itself be a lower layer of one (overlayfs).
+        if supported.contains(InitFlags::FUSE_PASSTHROUGH) && config.set_max_stack_depth(1).is_ok()
+        {
+            self.passthrough = true;
+            self.fs.serve_by_passthrough(self.backings.counters.clone());
+            log::info!("passthrough: open step files are served by the kernel from memory files");
+        } else if self.want_passthrough && !self.prefill_mode {
+            log::info!(
+                "no FUSE passthrough (Linux 6.9+ and a root daemon): the daemon answers every read"
+            );
         }
         // direct_io: every read comes to the daemon, which answers from the shards without
         // double-buffering in the page cache. Without DIRECT_IO_ALLOW_MMAP (Linux < 6.6) a
@@ -284,6 +350,9 @@ impl Filesystem for FuseAdapter {
                         FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH,
                     )
                 }
+                Ok(Loc::Plan(k, Node::StepNpy(key))) if self.passthrough => {
+                    self.open_step(ino.0, k, key, reply)
+                }
                 Ok(_) => reply.opened(FileHandle(0), self.open_flags),
                 Err(e) => reply.error(fail("open", ino.0, &e)),
             }
@@ -327,13 +396,16 @@ impl Filesystem for FuseAdapter {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if self.passthrough {
+            self.backings.release(ino.0);
+        }
         if fh.0 != 0 {
             self.handles.release(fh.0);
         }

@@ -38,6 +38,8 @@ pub(crate) struct SessionOptions {
     pub(crate) read_timeout: Option<Duration>,
     /// Push prefetched step files into the page cache (the filesystem has a prefetcher).
     pub(crate) prefill: bool,
+    /// Hand open step files to the kernel (FUSE passthrough) where it can.
+    pub(crate) passthrough: bool,
 }
 
 /// A running session.
@@ -60,6 +62,7 @@ pub(crate) fn start(fs: ShuffleFs, mountpoint: &Path, options: &SessionOptions) 
         options.read_timeout,
         options.threads,
         options.prefill,
+        options.passthrough,
     );
     let (shared_fs, prefill_slot) = (adapter.fs().clone(), adapter.prefill_slot());
     let mut config = fuser::Config::default();

@@ -51,6 +51,9 @@ pub struct MountOptions {
     pub on_top: bool,
     /// Push prefetched step files into the kernel page cache (needs the cache and prefetch).
     pub prefill: bool,
+    /// Hand open step files to the kernel as memory files (FUSE passthrough) when the kernel
+    /// and the daemon's privileges allow it (never with `prefill`).
+    pub passthrough: bool,
 }
 
 impl Default for MountOptions {
@@ -63,6 +66,7 @@ impl Default for MountOptions {
             read_timeout: Some(DEFAULT_READ_TIMEOUT),
             on_top: false,
             prefill: false,
+            passthrough: true,
         }
     }
 }
@@ -150,6 +154,10 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
         mtime,
         read_timeout: options.read_timeout,
         prefill,
+        // The environment can turn it off too (the test suite runs its mounts both ways).
+        passthrough: options.passthrough
+            && !prefill
+            && std::env::var_os("SHUFFLEFS_NO_PASSTHROUGH").is_none(),
     };
     let session = session::start(fs, &mountpoint, &session_options)?;
     info!("mounted at {}", mountpoint.display());

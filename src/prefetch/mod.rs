@@ -132,7 +132,7 @@ impl Shared {
 #[derive(Debug)]
 pub(crate) enum Claim<'a> {
     /// The prefetcher finished the step while the reader waited.
-    Ready(Arc<[u8]>),
+    Ready(Arc<crate::stepbuf::StepBuf>),
     /// The reader assembles the step; drop the guard when done.
     Yours(ReadGuard<'a>),
 }
@@ -514,7 +514,7 @@ mod tests {
         let (p, cache) = setup(2, 2, None);
         p.hint(key(0, 0));
         p.run_queued();
-        assert_eq!(&*cache.get(key(0, 1)).unwrap(), &[1, 1, 1]);
+        assert_eq!(&**cache.get(key(0, 1)).unwrap(), &[1, 1, 1]);
         // Step 2 stays unread; hinting from step 2 queues steps 3 and 4.
         p.hint(key(0, 2));
         p.run_queued();
@@ -622,7 +622,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         for s in 1..=4 {
-            assert_eq!(&*cache.get(key(0, s)).unwrap(), &[s as u8; 3]);
+            assert_eq!(&**cache.get(key(0, s)).unwrap(), &[s as u8; 3]);
         }
         drop(p);
     }

@@ -612,14 +612,20 @@ fn sigkilled_daemon_restarts_on_its_stale_mount() {
                 }
             }
             drop(exclusive);
-            // The descriptor still belongs to the dead connection: it fails, and never
-            // reaches the new daemon.
+            // The descriptor still belongs to the dead connection and never reaches the new
+            // daemon: it fails, or (a passthrough open, whose bytes the kernel holds in its
+            // memory file) it still reads exactly the step's bytes.
             let mut buf = vec![0u8; 4096];
-            let e = held.read_at(&mut buf, 0).unwrap_err();
-            assert!(
-                NOT_CONNECTED.contains(&e.raw_os_error().unwrap_or(-1)),
-                "cycle {cycle}: a descriptor of the killed mount: {e}"
-            );
+            match held.read_at(&mut buf, 0) {
+                Err(e) => assert!(
+                    NOT_CONNECTED.contains(&e.raw_os_error().unwrap_or(-1)),
+                    "cycle {cycle}: a descriptor of the killed mount: {e}"
+                ),
+                Ok(n) => assert!(
+                    buf[..n] == expected.bytes(held_key, "npy")[..n] && n > 0,
+                    "cycle {cycle}: a passthrough descriptor of the killed mount read other bytes"
+                ),
+            }
             drop(held);
             cycle_secs.push(start.elapsed().as_secs_f64());
         }
@@ -652,8 +658,15 @@ fn sigkilled_daemon_restarts_on_its_stale_mount() {
         "readers got wrong bytes: {:#?}",
         counters.failures.get()
     );
+    // With passthrough an open in flight when the daemon dies can also fail with EIO (the
+    // kernel cannot attach the backing file of a connection going away): seen once in
+    // ~75,000 errors; never more than one per kill.
+    let eio = errnos.get(&libc::EIO).copied().unwrap_or(0);
     assert!(
-        errnos.keys().all(|e| NOT_CONNECTED.contains(e)),
+        errnos
+            .keys()
+            .all(|e| NOT_CONNECTED.contains(e) || *e == libc::EIO)
+            && eio <= KILLS as u64,
         "only 'not connected' errors: {named:?}"
     );
     unmount(&root);

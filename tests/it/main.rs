@@ -65,6 +65,7 @@ mod options;
 mod out_dtype;
 mod packed;
 mod parsers;
+mod passthrough;
 mod plans;
 mod prefill;
 mod provenance;
