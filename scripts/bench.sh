@@ -178,8 +178,10 @@ suffix = sys.argv[5]
 info = json.load(open(f"{mnt}/info.json"))
 B, W, S = info["batch_size"], info["window"], info["stride"]
 spe = info["steps_per_epoch"]
-# Rank 0's steps, the np.load run first, then readinto on the next ones (never re-read).
-steps = range(skip // 2, skip // 2 + 2 * files)
+total = spe * info["epochs"]
+# Rank 0's steps, the np.load run first, then readinto on the next ones (never re-read within
+# a run: the order wraps only past every epoch of the plan).
+steps = [i % total for i in range(skip // 2, skip // 2 + 2 * files)]
 paths = [f"{mnt}/epoch/{i // spe}/rank/0/step/{i % spe}.npy" for i in steps]
 def emit(tag, secs, n):
     if tag in ("np.load", "readinto"):

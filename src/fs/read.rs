@@ -427,10 +427,18 @@ impl Write for Capped {
 }
 
 impl ShuffleFs {
-    /// Step file `key` of plan `plan` if the step cache holds it (a hit, and the prefetcher
-    /// learns where the reader is).
+    /// Step file `key` of plan `plan` if the step cache holds it (a hit). The prefetcher is
+    /// not told: call [`ShuffleFs::reader_at`] once the reply is sent.
     pub(crate) fn step_if_cached(&self, plan: u32, key: StepKey) -> Option<Arc<StepBuf>> {
-        self.plan(plan).cached_step(key)
+        self.plan(plan).cache.as_ref()?.get_if_cached(key)
+    }
+
+    /// Tells plan `plan`'s prefetcher that a reader is at step `key` (it queues the next
+    /// steps and may wake a worker: done after the reply, off the reader's wait).
+    pub(crate) fn reader_at(&self, plan: u32, key: StepKey) {
+        if let Some(p) = &self.plan(plan).prefetcher {
+            p.hint(key);
+        }
     }
 
     /// Step file `key` of plan `plan`, whole: from the step cache, or waited for from the

@@ -34,7 +34,7 @@ pub(crate) use dispatch::MAX_IO_THREADS;
 pub(crate) use kernel_cache::{KernelCache, QUIESCE_NAME, RESUME_NAME};
 
 use crate::error::{Error, Result};
-use crate::fs::{Attr, DirEntry, DirSink, Loc, Node, Ownership, Read, ShuffleFs, Stat};
+use crate::fs::{Attr, Bytes, DirEntry, DirSink, Loc, Node, Ownership, Read, ShuffleFs, Stat};
 
 /// Runs a request handler; a panic is answered with `EIO` (the reply is dropped while
 /// unwinding, and fuser answers an unanswered request with `EIO`) and logged, so a bug in one
@@ -156,10 +156,17 @@ impl FuseAdapter {
         if !self.backings.live() {
             return self.backings.fell_back(reply, fallback);
         }
-        if let Some(buf) = self.fs.step_if_cached(k, key)
-            && buf.memfd_fd().is_some()
-        {
-            return self.backings.open(ino, buf, reply, fallback);
+        if let Some(buf) = self.fs.step_if_cached(k, key) {
+            // The cache's own memory file, or a copy of a step cached on the heap.
+            let len = buf.len();
+            match self.backings.backing_file(Bytes::Step(buf, 0..len)) {
+                Ok(buf) => self.backings.open(ino, buf, reply, fallback),
+                Err(e) => {
+                    debug!("open ino={ino}: no memory file ({e}): reads go to the daemon");
+                    self.backings.fell_back(reply, fallback)
+                }
+            }
+            return self.fs.reader_at(k, key);
         }
         let backings = self.backings.clone();
         self.dispatch.open(&self.fs, ino, reply, move |fs, take| {
