@@ -6,12 +6,29 @@
 //! A memory file handed to the kernel may still be read or mapped by a reader long after the
 //! daemon is done with it: it is rewritten only once [`StepBuf::unshared`] says no file but
 //! the daemon's own has it open or mapped.
+//!
+//! Each memory file holds a descriptor: at most [`set_memfd_budget`] of them live at once
+//! (what the open-file limit leaves beside the dataset's files); past it buffers are heap
+//! memory, which a passthrough open copies.
 
 use std::fs::File;
 use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use memmap2::MmapMut;
+
+/// Memory files alive now.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+/// Most memory files alive at once (see [`set_memfd_budget`]).
+static BUDGET: AtomicUsize = AtomicUsize::new(DEFAULT_BUDGET);
+/// The budget unless the mount sets one.
+const DEFAULT_BUDGET: usize = 4096;
+
+/// At most `n` memory files live at once from now on (each holds a descriptor).
+pub(crate) fn set_memfd_budget(n: usize) {
+    BUDGET.store(n, Ordering::Relaxed);
+}
 
 /// A step file's buffer (see the module docs).
 #[derive(Debug)]
@@ -23,16 +40,19 @@ enum Inner {
     Memfd(MemFile),
 }
 
-/// A memory file mapped into the daemon, and a read-only descriptor of it that checks
-/// whether anybody else holds it.
+/// A memory file mapped into the daemon.
 #[derive(Debug)]
 struct MemFile {
     map: MmapMut,
     /// The file's length (the mapping has at least one byte).
     len: usize,
     file: File,
-    /// `None` when `/proc` could not reopen it: then it is never reused.
-    ro: Option<OwnedFd>,
+}
+
+impl Drop for MemFile {
+    fn drop(&mut self) {
+        LIVE.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl StepBuf {
@@ -41,8 +61,25 @@ impl StepBuf {
         StepBuf(Inner::Heap(vec![0; len].into_boxed_slice()))
     }
 
-    /// `len` bytes (zero) in a new memory file, mapped and populated.
+    /// `len` bytes (zero) in a new memory file, mapped and populated; an error once the
+    /// budget of memory files is reached.
     pub fn memfd(len: usize) -> std::io::Result<StepBuf> {
+        if LIVE.fetch_add(1, Ordering::Relaxed) >= BUDGET.load(Ordering::Relaxed) {
+            LIVE.fetch_sub(1, Ordering::Relaxed);
+            return Err(std::io::Error::other(
+                "the budget of memory files is reached",
+            ));
+        }
+        // Counted from here: a failure below gives it back.
+        struct Undo(bool);
+        impl Drop for Undo {
+            fn drop(&mut self) {
+                if self.0 {
+                    LIVE.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+        let mut undo = Undo(true);
         // SAFETY: a C string and flags; the result is checked.
         let fd = unsafe { libc::memfd_create(c"shufflefs-step".as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
@@ -61,10 +98,8 @@ impl StepBuf {
                 .populate()
                 .map_mut(&file)?
         };
-        let ro = File::open(format!("/proc/self/fd/{fd}"))
-            .ok()
-            .map(OwnedFd::from);
-        Ok(StepBuf(Inner::Memfd(MemFile { map, len, file, ro })))
+        undo.0 = false;
+        Ok(StepBuf(Inner::Memfd(MemFile { map, len, file })))
     }
 
     /// The memory file, when the bytes are in one.
@@ -82,7 +117,11 @@ impl StepBuf {
         let Inner::Memfd(m) = &self.0 else {
             return true;
         };
-        let Some(ro) = &m.ro else { return false };
+        // A lease is taken on a read-only open of the file (the daemon's own descriptor, made
+        // by memfd_create, counts as no open): granted only if no other open or mapping exists.
+        let Ok(ro) = File::open(format!("/proc/self/fd/{}", m.file.as_raw_fd())) else {
+            return false;
+        };
         let fd = ro.as_raw_fd();
         // SAFETY: fcntl on a descriptor we own; a lease taken is given back at once.
         if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK) } != 0 {

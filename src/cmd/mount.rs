@@ -67,12 +67,16 @@ pub(crate) fn run(command: MountArgs) -> Result<()> {
     let threads = args
         .threads
         .unwrap_or_else(|| default_threads().min(MAX_THREADS));
-    let max_open = descriptor_budget(
-        args.max_open_shards,
-        fd_limit,
+    let (open_now, reserved) = (
         open_descriptors(),
         reserved_descriptors(threads, args.prefetch_workers),
-    )?;
+    );
+    let max_open = descriptor_budget(args.max_open_shards, fd_limit, open_now, reserved)?;
+    // The step cache's memory files (passthrough) hold a descriptor each: what is left.
+    crate::stepbuf::set_memfd_budget(memfd_budget(
+        fd_limit,
+        open_now + reserved + max_open as u64,
+    ));
     // Remote reads fail (EIO) at the read deadline like local ones; without one, after a
     // minute of retries.
     if !args.read_timeout.is_zero() {
@@ -436,6 +440,17 @@ fn reserved_descriptors(threads: usize, prefetch_workers: usize) -> u64 {
     32 + (threads + prefetch_workers + crate::fuse::MAX_IO_THREADS) as u64
 }
 
+/// Most memory files for step files (`stepbuf.rs`) when the open-file limit leaves room.
+const MAX_MEMFDS: u64 = 16384;
+
+/// How many memory files fit beside `used` descriptors under the open-file limit `limit`
+/// (`None`: unlimited), at most [`MAX_MEMFDS`].
+fn memfd_budget(limit: Option<u64>, used: u64) -> usize {
+    limit
+        .map_or(MAX_MEMFDS, |l| l.saturating_sub(used))
+        .min(MAX_MEMFDS) as usize
+}
+
 /// The fewest dataset files worth mounting with: below it the limit is a mistake.
 const MIN_OPEN_FILES: u64 = 8;
 
@@ -664,6 +679,14 @@ mod tests {
         // No room left: an error naming the limit.
         let e = descriptor_budget(None, Some(110), 5, 100).unwrap_err();
         assert!(e.to_string().contains("the open-file limit is 110"), "{e}");
+    }
+
+    #[test]
+    fn memory_files_get_what_the_open_file_limit_leaves() {
+        assert_eq!(memfd_budget(None, 5000), 16384);
+        assert_eq!(memfd_budget(Some(1 << 20), 5000), 16384);
+        assert_eq!(memfd_budget(Some(8192), 5000), 3192);
+        assert_eq!(memfd_budget(Some(1024), 5000), 0);
     }
 
     #[test]

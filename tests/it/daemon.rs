@@ -69,7 +69,8 @@ fn log_file_symlinks_and_other_users_files_are_refused() {
 /// open-file limit is 512, 100 of them already taken by descriptors it inherited: the default
 /// `--max-open-shards` is capped to what is left, the mount serves exact bytes through the
 /// pool, and `shufflefs mount` with its stdout and stderr captured returns as soon as the mount
-/// is ready (the daemon holds neither pipe).
+/// is ready (the daemon holds neither pipe). The step cache's memory files get only what is
+/// left.
 #[test]
 fn descriptor_pressure_pools_files_and_releases_the_callers_pipes() {
     if !fuse_available() {
@@ -139,6 +140,17 @@ fn descriptor_pressure_pools_files_and_releases_the_callers_pipes() {
             fs::read(path).unwrap(),
             reference.view().render_step_npy(key).unwrap()
         );
+    }
+    // Many more steps than the cache holds: the step cache's memory files (passthrough)
+    // take only what the limit leaves, never a descriptor the pool needs.
+    for step in 0..600 {
+        let key = StepKey {
+            epoch: 0,
+            rank: 0,
+            step,
+        };
+        let path = mnt.path().join(format!("epoch/0/rank/0/step/{step}.npy"));
+        assert!(fs::read(path).unwrap() == reference.view().render_step_npy(key).unwrap());
     }
     let open = fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
     assert!(open < 512, "{open} descriptors open in the daemon");
