@@ -130,7 +130,7 @@ def main() -> None:
 
     readers = {
         "direct os.preadv (numpy_pread)": pread_reader(),
-        "mount, default": mount_reader(os.environ["SHUFFLEFS_MOUNT"]),
+        "mount, default (passthrough)": mount_reader(os.environ["SHUFFLEFS_MOUNT"]),
         "mount, --prefill": mount_reader(os.environ["SHUFFLEFS_MOUNT_PREFILL"]),
     }
     lat: Dict[str, np.ndarray] = {}
