@@ -72,6 +72,9 @@ pub struct Stats {
 /// Evicted buffers kept for reuse.
 const MAX_SPARE: usize = 8;
 
+/// Most step files a cache keeps in memory files (see [`StepCache::use_memfds`]).
+pub(crate) const MEMFD_ENTRIES_MAX: usize = 2048;
+
 /// What the plans of a mount share: the entries, the budget, the spare buffers and the
 /// counters.
 struct Store {
@@ -228,9 +231,19 @@ impl StepCache {
     }
 
     /// New buffers of the store (every plan's) are memory files from now on, which the
-    /// kernel can serve from (see `stepbuf.rs`).
+    /// kernel can serve from (see `stepbuf.rs`), unless the store holds more than
+    /// [`MEMFD_ENTRIES_MAX`] step files (each memory file is a descriptor and at least a page:
+    /// many small step files stay on the heap, and each open copies its step).
     pub(crate) fn use_memfds(&self) {
-        self.store.memfd.store(true, Ordering::Relaxed);
+        if self.store.capacity <= MEMFD_ENTRIES_MAX {
+            self.store.memfd.store(true, Ordering::Relaxed);
+        } else {
+            log::info!(
+                "the step cache holds up to {} step files: kept on the heap (memory files only \
+                 up to {MEMFD_ENTRIES_MAX}); each passthrough open copies its step",
+                self.store.capacity
+            );
+        }
     }
 
     /// Inserts a finished step file, evicting the least recently used entry when full.
@@ -257,8 +270,8 @@ impl StepCache {
                     .fetch_add(1, Ordering::Relaxed);
             }
             drop(map);
-            // Reused only when nothing else holds it: no reply, and for a memory file no
-            // reader's open or mapping.
+            // Reused only when nothing else holds it (no reply) and it was never handed to the
+            // kernel as a passthrough backing file.
             if Arc::get_mut(&mut old.bytes).is_some() && old.bytes.unshared() {
                 let mut spare = self.store.spare.lock().unwrap_or_else(|p| p.into_inner());
                 if spare.len() == MAX_SPARE {

@@ -3,9 +3,11 @@
 //! so a step's bytes are copied once by the daemon (from the shards into the buffer) and once
 //! by the kernel (into the reader), with no request per read.
 //!
-//! A memory file handed to the kernel may still be read or mapped by a reader long after the
-//! daemon is done with it: it is rewritten only once [`StepBuf::unshared`] says no file but
-//! the daemon's own has it open or mapped.
+//! A memory file handed to the kernel ([`StepBuf::hand_out`]) is never written again: a
+//! reader may hold it open or mapped long after the daemon is done with it, and its pages can
+//! outlive every open file and mapping (a pipe or socket a reader spliced or `sendfile`d them
+//! into, pages pinned for direct I/O), which no check can see. Such a buffer is freed with
+//! its last reference; only buffers never handed out are reused ([`StepBuf::unshared`]).
 //!
 //! Each memory file holds a descriptor: at most [`set_memfd_budget`] of them live at once
 //! (what the open-file limit leaves beside the dataset's files); past it buffers are heap
@@ -13,8 +15,8 @@
 
 use std::fs::File;
 use std::ops::{Deref, DerefMut};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use memmap2::MmapMut;
 
@@ -22,17 +24,23 @@ use memmap2::MmapMut;
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 /// Most memory files alive at once (see [`set_memfd_budget`]).
 static BUDGET: AtomicUsize = AtomicUsize::new(DEFAULT_BUDGET);
-/// The budget unless the mount sets one.
-const DEFAULT_BUDGET: usize = 4096;
+/// The budget unless a mount lowers it (`shufflefs mount` to what its open-file limit
+/// leaves, a library mount to half of what the limit leaves the process).
+const DEFAULT_BUDGET: usize = 16384;
 
 /// At most `n` memory files live at once from now on (each holds a descriptor).
 pub(crate) fn set_memfd_budget(n: usize) {
     BUDGET.store(n, Ordering::Relaxed);
 }
 
+/// Lowers the budget to `n` if it is higher.
+pub(crate) fn limit_memfd_budget(n: usize) {
+    BUDGET.fetch_min(n, Ordering::Relaxed);
+}
+
 /// A step file's buffer (see the module docs).
 #[derive(Debug)]
-pub struct StepBuf(Inner);
+pub struct StepBuf(Inner, AtomicBool);
 
 #[derive(Debug)]
 enum Inner {
@@ -58,7 +66,10 @@ impl Drop for MemFile {
 impl StepBuf {
     /// `len` zero bytes on the heap.
     pub fn heap(len: usize) -> StepBuf {
-        StepBuf(Inner::Heap(vec![0; len].into_boxed_slice()))
+        StepBuf(
+            Inner::Heap(vec![0; len].into_boxed_slice()),
+            AtomicBool::new(false),
+        )
     }
 
     /// `len` bytes (zero) in a new memory file, mapped and populated; an error once the
@@ -99,7 +110,10 @@ impl StepBuf {
                 .map_mut(&file)?
         };
         undo.0 = false;
-        Ok(StepBuf(Inner::Memfd(MemFile { map, len, file })))
+        Ok(StepBuf(
+            Inner::Memfd(MemFile { map, len, file }),
+            AtomicBool::new(false),
+        ))
     }
 
     /// The memory file, when the bytes are in one.
@@ -110,26 +124,16 @@ impl StepBuf {
         }
     }
 
-    /// Whether only the daemon holds these bytes, so they may be rewritten: always for heap
-    /// memory; for a memory file, when no other open file or mapping of it exists (a write
-    /// lease is granted only then).
+    /// The memory file is handed to the kernel (a passthrough open's backing file): it is
+    /// never written again.
+    pub fn hand_out(&self) {
+        self.1.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether these bytes may be rewritten once nothing else references the buffer: heap
+    /// memory always (readers get copies), a memory file only if it was never handed out.
     pub fn unshared(&self) -> bool {
-        let Inner::Memfd(m) = &self.0 else {
-            return true;
-        };
-        // A lease is taken on a read-only open of the file (the daemon's own descriptor, made
-        // by memfd_create, counts as no open): granted only if no other open or mapping exists.
-        let Ok(ro) = File::open(format!("/proc/self/fd/{}", m.file.as_raw_fd())) else {
-            return false;
-        };
-        let fd = ro.as_raw_fd();
-        // SAFETY: fcntl on a descriptor we own; a lease taken is given back at once.
-        if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK) } != 0 {
-            return false;
-        }
-        // SAFETY: as above.
-        unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) };
-        true
+        matches!(self.0, Inner::Heap(_)) || !self.1.load(Ordering::Relaxed)
     }
 }
 
@@ -154,31 +158,33 @@ impl DerefMut for StepBuf {
 
 impl From<Vec<u8>> for StepBuf {
     fn from(v: Vec<u8>) -> StepBuf {
-        StepBuf(Inner::Heap(v.into_boxed_slice()))
+        StepBuf(Inner::Heap(v.into_boxed_slice()), AtomicBool::new(false))
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+
     use super::*;
 
     #[test]
-    fn a_memory_file_is_unshared_until_someone_opens_or_maps_it() {
+    fn a_memory_file_holds_its_bytes_and_is_never_reused_once_handed_out() {
         let mut b = StepBuf::memfd(10_000).unwrap();
         b[..3].copy_from_slice(b"abc");
         assert_eq!(&b[..4], b"abc\0");
         assert_eq!(b.len(), 10_000);
-        assert!(b.unshared());
         let fd = b.memfd_fd().unwrap().as_raw_fd();
-        let other = File::open(format!("/proc/self/fd/{fd}")).unwrap();
-        assert!(!b.unshared());
-        // SAFETY: a read-only mapping; the test writes the file only before mapping it.
-        let map = unsafe { memmap2::Mmap::map(&other) }.unwrap();
-        drop(other);
-        assert!(!b.unshared(), "a mapping outlives its file");
-        assert_eq!(&map[..3], b"abc");
-        drop(map);
+        let mut seen = Vec::new();
+        File::open(format!("/proc/self/fd/{fd}"))
+            .unwrap()
+            .read_to_end(&mut seen)
+            .unwrap();
+        assert_eq!(&seen[..3], b"abc", "the file holds what the mapping wrote");
         assert!(b.unshared());
+        b.hand_out();
+        assert!(!b.unshared());
         assert!(StepBuf::heap(5).unshared());
     }
 }

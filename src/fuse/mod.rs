@@ -149,42 +149,52 @@ impl FuseAdapter {
     /// the open the usual way instead: the reads then reach the daemon and succeed or fail
     /// exactly as without passthrough.
     fn open_step(&self, ino: u64, k: u32, key: crate::shuffle::plan::StepKey, reply: ReplyOpen) {
-        let Some(reply) = self.backings.reopen(ino, reply) else {
-            return;
-        };
         let fallback = self.open_flags;
         if !self.backings.live() {
-            return self.backings.fell_back(reply, fallback);
+            return self
+                .backings
+                .fall_back(ino, reply, fallback, "passthrough is off");
         }
+        let Some(reply) = self.backings.reopen(ino, reply) else {
+            return self.fs.reader_at(k, key);
+        };
         if let Some(buf) = self.fs.step_if_cached(k, key) {
             // The cache's own memory file, or a copy of a step cached on the heap.
             let len = buf.len();
-            match self.backings.backing_file(Bytes::Step(buf, 0..len)) {
-                Ok(buf) => self.backings.open(ino, buf, reply, fallback),
-                Err(e) => {
-                    debug!("open ino={ino}: no memory file ({e}): reads go to the daemon");
-                    self.backings.fell_back(reply, fallback)
-                }
+            match self.backings.candidate(Bytes::Step(buf, 0..len)) {
+                Ok(c) => self.backings.open(ino, c, reply, fallback),
+                Err(e) => self.no_memfd(ino, reply, &e),
             }
             return self.fs.reader_at(k, key);
         }
         let backings = self.backings.clone();
         self.dispatch.open(&self.fs, ino, reply, move |fs, take| {
-            let buf = dispatch::with_scratch(|scratch| {
+            let candidate = dispatch::with_scratch(|scratch| {
                 let bytes = fs.step_file(k, key, scratch)?;
                 backings
-                    .backing_file(bytes)
+                    .candidate(bytes)
                     .map_err(|e| Error::io("a memory file for a step", e))
             });
             let Some(reply) = take() else { return };
-            match buf {
-                Ok(buf) => backings.open(ino, buf, reply, fallback),
-                Err(e) => {
-                    debug!("open ino={ino}: no backing file ({e}): reads go to the daemon");
-                    backings.fell_back(reply, fallback)
-                }
+            match candidate {
+                Ok(c) => backings.open(ino, c, reply, fallback),
+                // A damaged shard: the reads fail (or succeed) exactly as without passthrough.
+                Err(e) => backings.fall_back(ino, reply, fallback, &e.to_string()),
             }
         });
+    }
+
+    /// No memory file could be made for an open (the budget of descriptors is spent, or the
+    /// kernel is out of memory): served by the daemon's replies, with a warning.
+    fn no_memfd(&self, ino: u64, reply: ReplyOpen, e: &std::io::Error) {
+        crate::log_limited!(
+            log::Level::Warn,
+            "passthrough memory file",
+            "no memory file for a step ({e}): served by the daemon's replies; raise the \
+             open-file limit (ulimit -n) if the budget of descriptors is spent"
+        );
+        self.backings
+            .fall_back(ino, reply, self.open_flags, &e.to_string())
     }
 
     /// Turns core attributes into the reply's TTL and `FileAttr`, detached from `self` (so a
@@ -410,10 +420,9 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if self.passthrough {
-            self.backings.release(ino.0);
-        }
-        if fh.0 != 0 {
+        if fh.0 == passthrough::PASSTHROUGH_FH {
+            self.backings.release(ino.0, fh.0);
+        } else if fh.0 != 0 {
             self.handles.release(fh.0);
         }
         reply.ok();

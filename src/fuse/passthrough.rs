@@ -2,46 +2,55 @@
 //! answered with a memory file holding the step (`stepbuf.rs`) as its backing file, so the
 //! reader's reads, `mmap` and end-of-file probes never reach the daemon. A step the cache
 //! holds in a memory file is handed over as it is; any other (a cache miss, a mount without
-//! cache) is copied into one first.
+//! cache) is copied into a new one first. A memory file once handed over is never written
+//! again (`StepBuf::hand_out`).
 //!
-//! The kernel allows one backing file per inode at a time, so every open of an inode shares
-//! the first open's until the last one closes.
+//! The kernel allows one backing file per inode at a time (another open gets `EBUSY`, and a
+//! plain open of an inode with one gets `EINVAL`: both fail the reader's open with `EIO`). So
+//! every open of an inode shares the backing file of the opens still open, decided under one
+//! lock, and a passthrough open carries [`PASSTHROUGH_FH`], so only its own RELEASE counts.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use fuser::{BackingId, Errno, FileHandle, FopenFlags, ReplyOpen};
+use fuser::{BackingId, FileHandle, FopenFlags, ReplyOpen};
 
 use crate::fs::Bytes;
 use crate::stats::Passthrough;
 use crate::stepbuf::StepBuf;
 
+/// The file handle of every passthrough open (a plain open has 0, a `stats.json` open a
+/// small number): a RELEASE with it gives up one open of the inode's backing file.
+pub(super) const PASSTHROUGH_FH: u64 = u64::MAX;
+
 /// One inode's backing file, shared by every open of it.
 #[derive(Debug)]
 struct Backing {
     id: BackingId,
-    buf: Arc<StepBuf>,
+    /// Keeps the memory file (and the cache's entry, if it is one) alive while open.
+    _buf: Arc<StepBuf>,
     opens: usize,
 }
 
-/// Backing files of the inodes open now, and memory files to copy steps into.
+/// A memory file ready to back an open, and whether it is a copy made for it.
+#[derive(Debug)]
+pub(super) struct Candidate {
+    buf: Arc<StepBuf>,
+    copied: bool,
+}
+
+/// Backing files of the inodes open now.
 #[derive(Debug, Default)]
 pub(super) struct Backings {
     by_ino: Mutex<HashMap<u64, Backing>>,
-    /// Memory files no inode uses any more, reused for copies once nobody holds them.
-    free: Mutex<VecDeque<StepBuf>>,
-    /// Registering a backing file failed (the daemon lacks CAP_SYS_ADMIN): opens are
-    /// answered the usual way from then on.
+    /// The kernel refused to register a backing file for lack of privilege (`EPERM`): every
+    /// open is answered the usual way from then on.
     failed: AtomicBool,
     /// Counters (`stats.json`).
     pub(super) counters: Arc<Passthrough>,
 }
-
-/// Most memory files kept for copies, and most bytes in them.
-const FREE_FILES: usize = 8;
-const FREE_BYTES: usize = 64 << 20;
 
 /// The flags of a passthrough open: `close()` costs no round trip.
 const FLAGS: FopenFlags = FopenFlags::FOPEN_NOFLUSH;
@@ -51,117 +60,132 @@ impl Backings {
         self.by_ino.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn free(&self) -> std::sync::MutexGuard<'_, VecDeque<StepBuf>> {
-        self.free.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Whether opens still get backing files.
     pub(super) fn live(&self) -> bool {
         !self.failed.load(Ordering::Relaxed)
     }
 
-    /// Answers an open of `ino` with the backing file an open of it already has; otherwise
-    /// gives the reply back.
+    /// Answers an open of `ino` with the backing file the opens of it still open share;
+    /// otherwise gives the reply back.
     pub(super) fn reopen(&self, ino: u64, reply: ReplyOpen) -> Option<ReplyOpen> {
         let mut map = self.lock();
-        let Some(b) = map.get_mut(&ino) else {
-            return Some(reply);
-        };
+        match map.get_mut(&ino) {
+            Some(b) => {
+                self.share(b, reply);
+                None
+            }
+            None => Some(reply),
+        }
+    }
+
+    fn share(&self, b: &mut Backing, reply: ReplyOpen) {
         b.opens += 1;
-        reply.opened_passthrough(FileHandle(0), FLAGS, &b.id);
+        reply.opened_passthrough(FileHandle(PASSTHROUGH_FH), FLAGS, &b.id);
         self.counters.opened.fetch_add(1, Ordering::Relaxed);
-        None
     }
 
     /// A memory file holding exactly `bytes`: the step cache's own when it is one, else a
-    /// copy.
-    pub(super) fn backing_file(&self, bytes: Bytes<'_>) -> std::io::Result<Arc<StepBuf>> {
+    /// new copy.
+    pub(super) fn candidate(&self, bytes: Bytes<'_>) -> std::io::Result<Candidate> {
         if let Bytes::Step(buf, range) = &bytes
             && *range == (0..buf.len())
             && buf.memfd_fd().is_some()
         {
-            return Ok(buf.clone());
+            return Ok(Candidate {
+                buf: buf.clone(),
+                copied: false,
+            });
         }
-        self.counters.copied.fetch_add(1, Ordering::Relaxed);
-        let len = bytes.len();
-        let reused = {
-            let mut free = self.free();
-            let found = free.iter().position(|b| b.len() == len && b.unshared());
-            found.and_then(|i| free.remove(i))
-        };
-        let mut buf = match reused {
-            Some(buf) => buf,
-            None => StepBuf::memfd(len)?,
-        };
+        let mut buf = StepBuf::memfd(bytes.len())?;
         buf.copy_from_slice(&bytes);
-        Ok(Arc::new(buf))
+        Ok(Candidate {
+            buf: Arc::new(buf),
+            copied: true,
+        })
     }
 
-    /// Answers an open of `ino` with `buf` as its backing file (or the one an open of `ino`
-    /// got meanwhile). When the kernel refuses to register it, passthrough ends: this open
-    /// and every later one are answered with `fallback` flags.
-    pub(super) fn open(&self, ino: u64, buf: Arc<StepBuf>, reply: ReplyOpen, fallback: FopenFlags) {
-        let Some(reply) = self.reopen(ino, reply) else {
-            return self.retire(buf);
-        };
-        let Some(fd) = buf.memfd_fd() else {
-            return reply.error(Errno::from_i32(libc::EIO));
-        };
+    /// Answers an open of `ino`: with the backing file its other opens share if there is one
+    /// by now, else with `c` registered as its backing file. When the kernel refuses to
+    /// register it the open is answered the usual way (`fallback` flags), and for lack of
+    /// privilege passthrough ends for the mount.
+    pub(super) fn open(&self, ino: u64, c: Candidate, reply: ReplyOpen, fallback: FopenFlags) {
         let mut map = self.lock();
+        if let Some(b) = map.get_mut(&ino) {
+            return self.share(b, reply);
+        }
+        let Some(fd) = c.buf.memfd_fd() else {
+            return self.plain(reply, fallback);
+        };
         match reply.open_backing(fd) {
             Ok(id) => {
-                reply.opened_passthrough(FileHandle(0), FLAGS, &id);
+                // From here the kernel may give its pages to readers: never written again.
+                c.buf.hand_out();
+                reply.opened_passthrough(FileHandle(PASSTHROUGH_FH), FLAGS, &id);
                 self.counters.opened.fetch_add(1, Ordering::Relaxed);
-                map.insert(ino, Backing { id, buf, opens: 1 });
+                if c.copied {
+                    self.counters.copied.fetch_add(1, Ordering::Relaxed);
+                }
+                map.insert(
+                    ino,
+                    Backing {
+                        id,
+                        _buf: c.buf,
+                        opens: 1,
+                    },
+                );
             }
-            Err(e) => {
-                drop(map);
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
                 if !self.failed.swap(true, Ordering::Relaxed) {
                     log::warn!(
-                        "the kernel refused a passthrough backing file ({e}; it needs \
+                        "the kernel refused a passthrough backing file ({e}: it needs \
                          CAP_SYS_ADMIN): step files are served by the daemon's replies"
                     );
                 }
-                self.fell_back(reply, fallback);
+                self.plain(reply, fallback)
+            }
+            Err(e) => {
+                crate::log_limited!(
+                    log::Level::Warn,
+                    "passthrough registration",
+                    "the kernel refused a passthrough backing file ({e}): this open is served \
+                     by the daemon's replies"
+                );
+                self.plain(reply, fallback)
             }
         }
     }
 
-    /// Answers an open the usual way (no backing file): its reads reach the daemon.
-    pub(super) fn fell_back(&self, reply: ReplyOpen, fallback: FopenFlags) {
+    /// Answers an open of `ino` without a new backing file (`why`, logged): with the one its
+    /// other opens share if there is one (the kernel refuses a plain open beside them), else
+    /// the usual way: its reads reach the daemon.
+    pub(super) fn fall_back(&self, ino: u64, reply: ReplyOpen, fallback: FopenFlags, why: &str) {
+        let mut map = self.lock();
+        if let Some(b) = map.get_mut(&ino) {
+            return self.share(b, reply);
+        }
+        log::debug!("open ino={ino}: no memory file ({why}): reads go to the daemon");
+        self.plain(reply, fallback)
+    }
+
+    /// The usual open (called with the lock held, so no backing file appears meanwhile).
+    fn plain(&self, reply: ReplyOpen, fallback: FopenFlags) {
         self.counters.fallback.fetch_add(1, Ordering::Relaxed);
         reply.opened(FileHandle(0), fallback);
     }
 
-    /// An open of `ino` is closed: the last one gives the backing file up.
-    pub(super) fn release(&self, ino: u64) {
+    /// Open `fh` of `ino` is closed: a passthrough open gives up its share of the backing
+    /// file, the last one the file itself.
+    pub(super) fn release(&self, ino: u64, fh: u64) {
+        if fh != PASSTHROUGH_FH {
+            return;
+        }
         let mut map = self.lock();
         let Some(b) = map.get_mut(&ino) else { return };
         b.opens -= 1;
-        if b.opens > 0 {
-            return;
-        }
-        let Some(b) = map.remove(&ino) else { return };
-        drop(map);
-        // The id first: no open can be given this file from now on.
-        drop(b.id);
-        self.retire(b.buf);
-    }
-
-    /// Keeps a memory file nothing else references for later copies.
-    fn retire(&self, buf: Arc<StepBuf>) {
-        let Ok(buf) = Arc::try_unwrap(buf) else {
-            return;
-        };
-        if buf.memfd_fd().is_none() {
-            return;
-        }
-        let mut free = self.free();
-        free.push_back(buf);
-        let mut bytes: usize = free.iter().map(|b| b.len()).sum();
-        while free.len() > FREE_FILES || bytes > FREE_BYTES {
-            let Some(old) = free.pop_front() else { break };
-            bytes -= old.len();
+        if b.opens == 0 {
+            // Dropping the id closes it (the kernel dropped the inode's reference before
+            // sending this RELEASE); the memory file goes with its last reference.
+            map.remove(&ino);
         }
     }
 }

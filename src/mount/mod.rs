@@ -159,6 +159,9 @@ pub fn mount(fs: ShuffleFs, mountpoint: &Path, options: &MountOptions) -> Result
             && !prefill
             && std::env::var_os("SHUFFLEFS_NO_PASSTHROUGH").is_none(),
     };
+    // The step cache's memory files (passthrough) hold a descriptor each: at most half of
+    // what the open-file limit leaves now (`shufflefs mount` sets a closer budget first).
+    crate::stepbuf::limit_memfd_budget(memfd_room());
     let session = session::start(fs, &mountpoint, &session_options)?;
     info!("mounted at {}", mountpoint.display());
     let mount_id = find_mount(&mountpoint).ok().flatten().map(|m| m.id);
@@ -333,4 +336,21 @@ pub(crate) fn prepare_mountpoint(mountpoint: &Path, on_top: bool) -> Result<Path
         );
     }
     Ok(abs)
+}
+
+/// Half the descriptors the open-file limit leaves this process now (`usize::MAX` when
+/// unlimited or unknown).
+fn memfd_room() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit with a valid pointer to an rlimit struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0
+        || limit.rlim_cur == libc::RLIM_INFINITY
+    {
+        return usize::MAX;
+    }
+    let open = fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
+    (limit.rlim_cur.saturating_sub(open) / 2) as usize
 }

@@ -1,9 +1,10 @@
 //! FUSE passthrough (the default on Linux 6.9+ with a root daemon): an open step file is
 //! handed to the kernel as a memory file holding the step, so its reads, `mmap` and
 //! end-of-file probes never reach the daemon. Bytes must be exact for whole files and every
-//! range; a descriptor or mapping kept while the daemon reuses its memory files keeps its
-//! bytes; a shard truncated under the mount gives EIO exactly as without passthrough (the open
-//! falls back to the daemon's reads), and the daemon goes on.
+//! range; a descriptor or mapping kept while the cache turns over keeps its bytes; opens of
+//! one file share one backing file, whatever the other opens of it were and in whatever
+//! order they close; a shard truncated under the mount gives EIO exactly as without
+//! passthrough (the open falls back to the daemon's reads), and the daemon goes on.
 //!
 //! Each test first checks that the mount really serves by passthrough (`stats.json`); it
 //! returns early when the kernel or the environment (`SHUFFLEFS_NO_PASSTHROUGH`, the suite's
@@ -108,7 +109,7 @@ fn reads_of_open_step_files_never_reach_the_daemon_and_are_exact() {
 }
 
 #[test]
-fn descriptors_and_mappings_keep_their_bytes_while_memory_files_are_reused() {
+fn descriptors_and_mappings_keep_their_bytes_while_the_cache_turns_over() {
     if !fuse_available() {
         return;
     }
@@ -146,8 +147,8 @@ fn descriptors_and_mappings_keep_their_bytes_while_memory_files_are_reused() {
         // SAFETY: a read-only mapping of a file no one writes.
         unsafe { memmap2::Mmap::map(&f) }.unwrap()
     };
-    // Every other step of both epochs, twice: the cache (2 steps) evicts and reuses its memory
-    // files many times over, and misses are copied into reused ones.
+    // Every other step of both epochs, twice: the cache (2 steps) evicts and replaces its
+    // memory files many times over (one handed to the kernel is never written again).
     for _ in 0..2 {
         for epoch in 0..2 {
             for step in 2..steps {
@@ -229,5 +230,133 @@ fn a_shard_truncated_under_the_mount_gives_eio_and_the_daemon_goes_on() {
         "the daemon is alive"
     );
     drop(before);
+    m.unmount();
+}
+
+#[test]
+fn concurrent_opens_of_the_same_step_files_share_one_backing_file() {
+    if !fuse_available() {
+        return;
+    }
+    let data = Data::positional(300_000, 1 << 16);
+    let cfg = config(129, 128, 4, 1, 11, 1);
+    let reference = data.fs(&cfg);
+    let steps = reference.view().plan().steps_per_epoch().min(60);
+    let wants: Vec<Vec<u8>> = (0..steps)
+        .map(|step| {
+            reference
+                .view()
+                .render_step_npy(StepKey {
+                    epoch: 0,
+                    rank: 0,
+                    step,
+                })
+                .unwrap()
+        })
+        .collect();
+    // No cache: the first opens of a step race to assemble and register it.
+    let m = TestMount::with_options(data.fs(&cfg), &MountOptions::default());
+    if !passthrough_on(m.path()) {
+        return;
+    }
+    const THREADS: usize = 6;
+    const ROUNDS: usize = 4;
+    let barrier = std::sync::Barrier::new(THREADS);
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let (m, wants, barrier) = (&m, &wants, &barrier);
+            scope.spawn(move || {
+                for round in 0..ROUNDS {
+                    let mut held = Vec::new();
+                    for step in 0..steps {
+                        // Every thread opens the same file at about the same time.
+                        if step.is_multiple_of(10) {
+                            barrier.wait();
+                        }
+                        let path = m.step(0, 0, step, "npy");
+                        let f = File::open(&path).unwrap_or_else(|e| {
+                            panic!("thread {t} round {round} step {step}: open: {e}")
+                        });
+                        let mut buf = vec![0u8; wants[step as usize].len()];
+                        f.read_exact_at(&mut buf, 0).unwrap_or_else(|e| {
+                            panic!("thread {t} round {round} step {step}: read: {e}")
+                        });
+                        assert!(buf == wants[step as usize], "thread {t} step {step}");
+                        // Some stay open across the next opens (and other threads' closes).
+                        if (step as usize + t).is_multiple_of(3) {
+                            held.push(f);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let opens = (THREADS * ROUNDS) as u64 * steps;
+    assert_eq!(counter(m.path(), "opened"), Some(opens));
+    assert_eq!(counter(m.path(), "fallback"), Some(0));
+    m.unmount();
+}
+
+/// A plain open (its step could not be assembled) closed while a passthrough open of the same
+/// file is open: only passthrough opens count towards the backing file, so later opens still
+/// share it (a miscount would register a second backing file, which the kernel refuses:
+/// `EIO` at open).
+#[test]
+fn a_plain_open_closing_beside_a_passthrough_open_leaves_its_backing_file() {
+    if !fuse_available() {
+        return;
+    }
+    let data = Data::positional(200_000, 1 << 16);
+    let cfg = config(257, 256, 8, 1, 3, 1);
+    let reference = data.fs(&cfg);
+    let key = StepKey {
+        epoch: 0,
+        rank: 0,
+        step: 0,
+    };
+    let want = reference.view().render_step_npy(key).unwrap();
+    let m = TestMount::with_options(data.fs(&cfg), &MountOptions::default());
+    if !passthrough_on(m.path()) {
+        return;
+    }
+    let path = m.step(0, 0, 0, "npy");
+    let shards = shard_paths(&data.path());
+    let saved: Vec<Vec<u8>> = shards.iter().map(|p| fs::read(p).unwrap()).collect();
+    for shard in &shards {
+        File::options()
+            .write(true)
+            .open(shard)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+    }
+    // B: the step cannot be assembled, so B is a plain open (its reads reach the daemon).
+    let b = File::open(&path).unwrap();
+    assert_eq!(counter(m.path(), "fallback"), Some(1));
+    // The shards as they were (same files, same sizes): A is a passthrough open.
+    for (shard, bytes) in shards.iter().zip(&saved) {
+        File::options()
+            .write(true)
+            .open(shard)
+            .unwrap()
+            .write_all_at(bytes, 0)
+            .unwrap();
+    }
+    let a = File::open(&path).unwrap();
+    assert_eq!(counter(m.path(), "opened"), Some(1));
+    drop(b);
+    // B's RELEASE has reached the daemon once a request sent after it is answered.
+    let _ = fs::read(m.path().join("info.json")).unwrap();
+    for _ in 0..3 {
+        let c = File::open(&path).expect("an open beside A shares A's backing file");
+        let mut buf = vec![0u8; want.len()];
+        c.read_exact_at(&mut buf, 0).unwrap();
+        assert!(buf == want, "C reads the step");
+    }
+    let mut buf = vec![0u8; want.len()];
+    a.read_exact_at(&mut buf, 0).unwrap();
+    assert!(buf == want, "A reads the step");
+    assert_eq!(counter(m.path(), "opened"), Some(4));
+    drop(a);
     m.unmount();
 }
