@@ -209,16 +209,20 @@ impl StepCache {
     }
 
     /// A buffer of one step file's size that nothing else references (its content is
-    /// unspecified): a recycled evicted file when there is one.
-    pub(crate) fn buffer(&self) -> Arc<StepBuf> {
+    /// unspecified): a recycled evicted file when there is one. A memory file (which the
+    /// kernel can serve by passthrough) if `memfd` and the store uses them, else heap memory.
+    pub(crate) fn buffer(&self, memfd: bool) -> Arc<StepBuf> {
+        let memfd = memfd && self.store.memfd.load(Ordering::Relaxed);
         let spare = {
             let mut spare = self.store.spare.lock().unwrap_or_else(|p| p.into_inner());
             // Several plans may have step files of several sizes.
-            let found = spare.iter().rposition(|b| b.len() == self.file_len);
+            let found = spare
+                .iter()
+                .rposition(|b| b.len() == self.file_len && b.memfd_fd().is_some() == memfd);
             found.map(|i| spare.swap_remove(i))
         };
         spare.unwrap_or_else(|| {
-            let buf = if self.store.memfd.load(Ordering::Relaxed) {
+            let buf = if memfd {
                 StepBuf::memfd(self.file_len).unwrap_or_else(|e| {
                     log::debug!("no memory file for a step ({e}): heap memory instead");
                     StepBuf::heap(self.file_len)
@@ -230,17 +234,16 @@ impl StepCache {
         })
     }
 
-    /// New buffers of the store (every plan's) are memory files from now on, which the
-    /// kernel can serve from (see `stepbuf.rs`), unless the store holds more than
-    /// [`MEMFD_ENTRIES_MAX`] step files (each memory file is a descriptor and at least a page:
-    /// many small step files stay on the heap, and each open copies its step).
+    /// Buffers asked for as memory files are memory files from now on (see `stepbuf.rs`),
+    /// unless the store holds more than [`MEMFD_ENTRIES_MAX`] step files (each memory file is
+    /// a descriptor and at least a page: many small step files stay on the heap).
     pub(crate) fn use_memfds(&self) {
         if self.store.capacity <= MEMFD_ENTRIES_MAX {
             self.store.memfd.store(true, Ordering::Relaxed);
         } else {
             log::info!(
                 "the step cache holds up to {} step files: kept on the heap (memory files only \
-                 up to {MEMFD_ENTRIES_MAX}); each passthrough open copies its step",
+                 up to {MEMFD_ENTRIES_MAX}), so step files are served by the daemon's replies",
                 self.store.capacity
             );
         }
@@ -426,7 +429,7 @@ mod tests {
         assert_eq!((s.entries, s.capacity, s.evicted), (3, 3, 1));
         assert_eq!(a.stats(), s, "one set of counters");
         // The evicted 4-byte file is recycled for plan 0 only; plan 1 gets its own size.
-        assert_eq!(b.buffer().len(), 6);
-        assert_eq!(a.buffer().len(), 4);
+        assert_eq!(b.buffer(false).len(), 6);
+        assert_eq!(a.buffer(false).len(), 4);
     }
 }

@@ -40,29 +40,24 @@ struct Stats {
 /// by the FUSE adapter.
 #[derive(Debug, Default)]
 pub(crate) struct Passthrough {
-    /// Opens answered with a backing file.
+    /// Opens of step files answered with a memory file as their backing file.
     pub(crate) opened: AtomicU64,
-    /// Of those, opens whose step was copied into a memory file first (not cached, or not
-    /// cached in one).
-    pub(crate) copied: AtomicU64,
-    /// Opens answered the usual way instead (the step could not be assembled, or the kernel
-    /// refused the file): their reads reach the daemon.
-    pub(crate) fallback: AtomicU64,
+    /// Opens of step files answered the usual way (the step was not prefetched into a memory
+    /// file, or the kernel refused it): their reads reach the daemon.
+    pub(crate) plain: AtomicU64,
 }
 
 #[derive(Serialize)]
 struct PassthroughStats {
-    copied: u64,
-    fallback: u64,
     opened: u64,
+    plain: u64,
 }
 
 impl Passthrough {
     fn stats(&self) -> PassthroughStats {
         PassthroughStats {
-            copied: self.copied.load(Ordering::Relaxed),
-            fallback: self.fallback.load(Ordering::Relaxed),
             opened: self.opened.load(Ordering::Relaxed),
+            plain: self.plain.load(Ordering::Relaxed),
         }
     }
 }
@@ -122,9 +117,8 @@ mod tests {
             prefetch_active: false,
             prefetch_depth: 4,
             passthrough: Some(PassthroughStats {
-                copied: 1,
-                fallback: 0,
                 opened: 5,
+                plain: 1,
             }),
             prefill: Some(prefill),
             remote: Some(serde_json::json!({"requests": 1})),
@@ -136,7 +130,7 @@ mod tests {
             "cache": cache.stats(),
             "prefetch_active": false,
             "prefetch_depth": 4,
-            "passthrough": {"copied": 1, "fallback": 0, "opened": 5},
+            "passthrough": {"opened": 5, "plain": 1},
             "prefill": prefill,
             "remote": {"requests": 1},
         });

@@ -427,10 +427,13 @@ impl Write for Capped {
 }
 
 impl ShuffleFs {
-    /// Step file `key` of plan `plan` if the step cache holds it (a hit). The prefetcher is
-    /// not told: call [`ShuffleFs::reader_at`] once the reply is sent.
-    pub(crate) fn step_if_cached(&self, plan: u32, key: StepKey) -> Option<Arc<StepBuf>> {
-        self.plan(plan).cache.as_ref()?.get_if_cached(key)
+    /// Step file `key` of plan `plan` if the step cache holds it in a memory file (counted
+    /// as a hit; a step on the heap is not counted, its reads will be). The prefetcher is not
+    /// told: call [`ShuffleFs::reader_at`] once the reply is sent.
+    pub(crate) fn memfd_step_if_cached(&self, plan: u32, key: StepKey) -> Option<Arc<StepBuf>> {
+        let cache = self.plan(plan).cache.as_ref()?;
+        cache.peek(key)?.memfd_fd()?;
+        cache.get_if_cached(key)
     }
 
     /// Tells plan `plan`'s prefetcher that a reader is at step `key` (it queues the next
@@ -439,24 +442,5 @@ impl ShuffleFs {
         if let Some(p) = &self.plan(plan).prefetcher {
             p.hint(key);
         }
-    }
-
-    /// Step file `key` of plan `plan`, whole: from the step cache, or waited for from the
-    /// prefetcher, or assembled here into `scratch` (blocking).
-    pub(crate) fn step_file<'s>(
-        &self,
-        plan: u32,
-        key: StepKey,
-        scratch: &'s mut Vec<u8>,
-    ) -> Result<Bytes<'s>> {
-        let fs = self.plan(plan);
-        if let Some(stub) = &fs.stub {
-            return Ok(shared(stub.clone(), 0, u32::MAX));
-        }
-        let len = fs.view.step_npy_len_at(key);
-        let size = u32::try_from(len).map_err(|_| {
-            Error::InvalidInput(format!("a step file of {len} bytes is over 4 GiB"))
-        })?;
-        fs.read_step_miss(key, 0, size, scratch)
     }
 }

@@ -69,18 +69,6 @@ impl Dispatch {
         });
     }
 
-    /// Runs `work`, which opens file `ino`, under the read deadline.
-    pub(super) fn open<R: Answer>(
-        &self,
-        fs: &Arc<ShuffleFs>,
-        ino: u64,
-        reply: R,
-        work: impl FnOnce(&ShuffleFs, &dyn Fn() -> Option<R>) + Send + 'static,
-    ) {
-        let what = move || format!("open ino={ino}");
-        self.run(fs, "open", ino, reply, what, work);
-    }
-
     /// Runs an attribute job and has `answer` send the result.
     pub(super) fn attr<R: Answer>(
         &self,
@@ -163,7 +151,7 @@ impl Dispatch {
 }
 
 /// Runs `f` with this thread's read buffer: grown once, never zero-filled again.
-pub(super) fn with_scratch<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+fn with_scratch<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
     thread_local! {
         static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     }
@@ -194,12 +182,6 @@ impl Answer for ReplyEntry {
 }
 
 impl Answer for ReplyData {
-    fn fail(self, errno: Errno) {
-        self.error(errno)
-    }
-}
-
-impl Answer for fuser::ReplyOpen {
     fn fail(self, errno: Errno) {
         self.error(errno)
     }

@@ -34,7 +34,7 @@ pub(crate) use dispatch::MAX_IO_THREADS;
 pub(crate) use kernel_cache::{KernelCache, QUIESCE_NAME, RESUME_NAME};
 
 use crate::error::{Error, Result};
-use crate::fs::{Attr, Bytes, DirEntry, DirSink, Loc, Node, Ownership, Read, ShuffleFs, Stat};
+use crate::fs::{Attr, DirEntry, DirSink, Loc, Node, Ownership, Read, ShuffleFs, Stat};
 
 /// Runs a request handler; a panic is answered with `EIO` (the reply is dropped while
 /// unwinding, and fuser answers an unanswered request with `EIO`) and logged, so a bug in one
@@ -142,59 +142,22 @@ impl FuseAdapter {
         }
     }
 
-    /// Opens step file `ino` (plan `k`'s step `key`) with a memory file holding the step as
-    /// its backing file (`passthrough.rs`): the cache's, now, or one assembled where
-    /// `dispatch.rs` runs jobs, under the read deadline (`EIO` once it passes, as a read).
-    /// A step that cannot be assembled (a damaged shard) or a file the kernel refuses answers
-    /// the open the usual way instead: the reads then reach the daemon and succeed or fail
-    /// exactly as without passthrough.
+    /// Opens step file `ino` (plan `k`'s step `key`) with the memory file the step cache holds
+    /// it in as its backing file (`passthrough.rs`); a step not prefetched into one (a miss, a
+    /// step on the heap) is opened the usual way, its reads served by the daemon exactly as
+    /// without passthrough. Nothing here blocks: the FUSE thread answers at once.
     fn open_step(&self, ino: u64, k: u32, key: crate::shuffle::plan::StepKey, reply: ReplyOpen) {
         let fallback = self.open_flags;
-        if !self.backings.live() {
-            return self
-                .backings
-                .fall_back(ino, reply, fallback, "passthrough is off");
-        }
-        let Some(reply) = self.backings.reopen(ino, reply) else {
-            return self.fs.reader_at(k, key);
-        };
-        if let Some(buf) = self.fs.step_if_cached(k, key) {
-            // The cache's own memory file, or a copy of a step cached on the heap.
-            let len = buf.len();
-            match self.backings.candidate(Bytes::Step(buf, 0..len)) {
-                Ok(c) => self.backings.open(ino, c, reply, fallback),
-                Err(e) => self.no_memfd(ino, reply, &e),
+        match self.fs.memfd_step_if_cached(k, key) {
+            Some(buf) if self.backings.live() => {
+                self.backings.open(ino, buf, reply, fallback);
+                // Its reads never reach the daemon: the prefetcher hears of the reader now.
+                self.fs.reader_at(k, key);
             }
-            return self.fs.reader_at(k, key);
+            // Not prefetched into a memory file: its reads reach the daemon, which counts a
+            // hit or a miss and tells the prefetcher for each, as without passthrough.
+            _ => self.backings.open_plain(ino, reply, fallback),
         }
-        let backings = self.backings.clone();
-        self.dispatch.open(&self.fs, ino, reply, move |fs, take| {
-            let candidate = dispatch::with_scratch(|scratch| {
-                let bytes = fs.step_file(k, key, scratch)?;
-                backings
-                    .candidate(bytes)
-                    .map_err(|e| Error::io("a memory file for a step", e))
-            });
-            let Some(reply) = take() else { return };
-            match candidate {
-                Ok(c) => backings.open(ino, c, reply, fallback),
-                // A damaged shard: the reads fail (or succeed) exactly as without passthrough.
-                Err(e) => backings.fall_back(ino, reply, fallback, &e.to_string()),
-            }
-        });
-    }
-
-    /// No memory file could be made for an open (the budget of descriptors is spent, or the
-    /// kernel is out of memory): served by the daemon's replies, with a warning.
-    fn no_memfd(&self, ino: u64, reply: ReplyOpen, e: &std::io::Error) {
-        crate::log_limited!(
-            log::Level::Warn,
-            "passthrough memory file",
-            "no memory file for a step ({e}): served by the daemon's replies; raise the \
-             open-file limit (ulimit -n) if the budget of descriptors is spent"
-        );
-        self.backings
-            .fall_back(ino, reply, self.open_flags, &e.to_string())
     }
 
     /// Turns core attributes into the reply's TTL and `FileAttr`, detached from `self` (so a

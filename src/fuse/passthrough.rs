@@ -1,9 +1,9 @@
-//! Step files served by the kernel (FUSE passthrough, Linux 6.9+): an open of a step file is
-//! answered with a memory file holding the step (`stepbuf.rs`) as its backing file, so the
-//! reader's reads, `mmap` and end-of-file probes never reach the daemon. A step the cache
-//! holds in a memory file is handed over as it is; any other (a cache miss, a mount without
-//! cache) is copied into a new one first. A memory file once handed over is never written
-//! again (`StepBuf::hand_out`).
+//! Step files served by the kernel (FUSE passthrough, Linux 6.9+): an open of a step file the
+//! cache holds in a memory file (`stepbuf.rs`; the prefetcher assembles into one while it is
+//! ahead of the readers) is answered with that file as its backing file, so the reader's
+//! reads, `mmap` and end-of-file probes never reach the daemon. Any other open (a cache miss,
+//! a step on the heap) is a plain one, served by the daemon's replies. A memory file once
+//! handed over is never written again (`StepBuf::hand_out`).
 //!
 //! The kernel allows one backing file per inode at a time (another open gets `EBUSY`, and a
 //! plain open of an inode with one gets `EINVAL`: both fail the reader's open with `EIO`). So
@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use fuser::{BackingId, FileHandle, FopenFlags, ReplyOpen};
 
-use crate::fs::Bytes;
 use crate::stats::Passthrough;
 use crate::stepbuf::StepBuf;
 
@@ -32,13 +31,6 @@ struct Backing {
     /// Keeps the memory file (and the cache's entry, if it is one) alive while open.
     _buf: Arc<StepBuf>,
     opens: usize,
-}
-
-/// A memory file ready to back an open, and whether it is a copy made for it.
-#[derive(Debug)]
-pub(super) struct Candidate {
-    buf: Arc<StepBuf>,
-    copied: bool,
 }
 
 /// Backing files of the inodes open now.
@@ -65,71 +57,35 @@ impl Backings {
         !self.failed.load(Ordering::Relaxed)
     }
 
-    /// Answers an open of `ino` with the backing file the opens of it still open share;
-    /// otherwise gives the reply back.
-    pub(super) fn reopen(&self, ino: u64, reply: ReplyOpen) -> Option<ReplyOpen> {
-        let mut map = self.lock();
-        match map.get_mut(&ino) {
-            Some(b) => {
-                self.share(b, reply);
-                None
-            }
-            None => Some(reply),
-        }
-    }
-
     fn share(&self, b: &mut Backing, reply: ReplyOpen) {
         b.opens += 1;
         reply.opened_passthrough(FileHandle(PASSTHROUGH_FH), FLAGS, &b.id);
         self.counters.opened.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A memory file holding exactly `bytes`: the step cache's own when it is one, else a
-    /// new copy.
-    pub(super) fn candidate(&self, bytes: Bytes<'_>) -> std::io::Result<Candidate> {
-        if let Bytes::Step(buf, range) = &bytes
-            && *range == (0..buf.len())
-            && buf.memfd_fd().is_some()
-        {
-            return Ok(Candidate {
-                buf: buf.clone(),
-                copied: false,
-            });
-        }
-        let mut buf = StepBuf::memfd(bytes.len())?;
-        buf.copy_from_slice(&bytes);
-        Ok(Candidate {
-            buf: Arc::new(buf),
-            copied: true,
-        })
-    }
-
     /// Answers an open of `ino`: with the backing file its other opens share if there is one
-    /// by now, else with `c` registered as its backing file. When the kernel refuses to
-    /// register it the open is answered the usual way (`fallback` flags), and for lack of
-    /// privilege passthrough ends for the mount.
-    pub(super) fn open(&self, ino: u64, c: Candidate, reply: ReplyOpen, fallback: FopenFlags) {
+    /// by now, else with memory file `buf` registered as its backing file. When the kernel
+    /// refuses to register it the open is answered the usual way (`fallback` flags), and for
+    /// lack of privilege passthrough ends for the mount.
+    pub(super) fn open(&self, ino: u64, buf: Arc<StepBuf>, reply: ReplyOpen, fallback: FopenFlags) {
         let mut map = self.lock();
         if let Some(b) = map.get_mut(&ino) {
             return self.share(b, reply);
         }
-        let Some(fd) = c.buf.memfd_fd() else {
+        let Some(fd) = buf.memfd_fd() else {
             return self.plain(reply, fallback);
         };
         match reply.open_backing(fd) {
             Ok(id) => {
                 // From here the kernel may give its pages to readers: never written again.
-                c.buf.hand_out();
+                buf.hand_out();
                 reply.opened_passthrough(FileHandle(PASSTHROUGH_FH), FLAGS, &id);
                 self.counters.opened.fetch_add(1, Ordering::Relaxed);
-                if c.copied {
-                    self.counters.copied.fetch_add(1, Ordering::Relaxed);
-                }
                 map.insert(
                     ino,
                     Backing {
                         id,
-                        _buf: c.buf,
+                        _buf: buf,
                         opens: 1,
                     },
                 );
@@ -155,21 +111,20 @@ impl Backings {
         }
     }
 
-    /// Answers an open of `ino` without a new backing file (`why`, logged): with the one its
-    /// other opens share if there is one (the kernel refuses a plain open beside them), else
-    /// the usual way: its reads reach the daemon.
-    pub(super) fn fall_back(&self, ino: u64, reply: ReplyOpen, fallback: FopenFlags, why: &str) {
+    /// Answers an open of `ino` whose step is not in a memory file: with the backing file
+    /// its other opens share if there is one (the kernel refuses a plain open beside them),
+    /// else the usual way: its reads reach the daemon.
+    pub(super) fn open_plain(&self, ino: u64, reply: ReplyOpen, fallback: FopenFlags) {
         let mut map = self.lock();
         if let Some(b) = map.get_mut(&ino) {
             return self.share(b, reply);
         }
-        log::debug!("open ino={ino}: no memory file ({why}): reads go to the daemon");
         self.plain(reply, fallback)
     }
 
     /// The usual open (called with the lock held, so no backing file appears meanwhile).
     fn plain(&self, reply: ReplyOpen, fallback: FopenFlags) {
-        self.counters.fallback.fetch_add(1, Ordering::Relaxed);
+        self.counters.plain.fetch_add(1, Ordering::Relaxed);
         reply.opened(FileHandle(0), fallback);
     }
 

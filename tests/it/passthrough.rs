@@ -1,18 +1,22 @@
-//! FUSE passthrough (the default on Linux 6.9+ with a root daemon): an open step file is
-//! handed to the kernel as a memory file holding the step, so its reads, `mmap` and
-//! end-of-file probes never reach the daemon. Bytes must be exact for whole files and every
-//! range; a descriptor or mapping kept while the cache turns over keeps its bytes; opens of
-//! one file share one backing file, whatever the other opens of it were and in whatever
-//! order they close; a shard truncated under the mount gives EIO exactly as without
-//! passthrough (the open falls back to the daemon's reads), and the daemon goes on.
+//! FUSE passthrough (the default on Linux 6.9+ with a root daemon): an open of a step file the
+//! prefetcher assembled into a memory file (it does while it is ahead of the readers) is
+//! answered with that file as its backing file, so its reads, `mmap` and end-of-file probes
+//! never reach the daemon; any other open is a plain one. Bytes must be exact for whole files
+//! and every range, either way; a descriptor or mapping kept while the cache turns over keeps
+//! its bytes; opens of one file share one backing file, whatever the other opens of it were
+//! and in whatever order they close; a shard truncated under the mount leaves a passthrough
+//! open its bytes and gives later opens EIO exactly as without passthrough.
 //!
-//! Each test first checks that the mount really serves by passthrough (`stats.json`); it
-//! returns early when the kernel or the environment (`SHUFFLEFS_NO_PASSTHROUGH`, the suite's
-//! second pass) does not, and fails then only if `SHUFFLEFS_REQUIRE_PASSTHROUGH` is set (CI).
+//! A test reads like a paced trainer: after each step it waits (for an event, the prefetcher's
+//! count, not a duration) until the prefetcher has assembled the steps ahead. Each test first
+//! checks that the mount serves by passthrough (`stats.json`); it returns early when the
+//! kernel or the environment (`SHUFFLEFS_NO_PASSTHROUGH`, the suite's second pass) does not,
+//! and fails then only if `SHUFFLEFS_REQUIRE_PASSTHROUGH` is set (CI).
 
 use std::fs::{self, File};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use shufflefs::mount::MountOptions;
 use shufflefs::plan::StepKey;
@@ -20,9 +24,16 @@ use shufflefs::prefetch::PrefetchConfig;
 
 use crate::common::*;
 
+/// Prefetch depth of these tests' mounts.
+const DEPTH: u64 = 2;
+
 /// The passthrough counter `name`, or `None` when the mount does not serve by passthrough.
 fn counter(mnt: &Path, name: &str) -> Option<u64> {
     stats(mnt)["passthrough"][name].as_u64()
+}
+
+fn cache_counter(mnt: &Path, name: &str) -> u64 {
+    stats(mnt)["cache"][name].as_u64().unwrap()
 }
 
 /// Whether the mount at `mnt` serves by passthrough; panics when CI requires it and it does
@@ -40,71 +51,97 @@ fn passthrough_on(mnt: &Path) -> bool {
     false
 }
 
-fn no_prefetch() -> PrefetchConfig {
+fn prefetch() -> PrefetchConfig {
     PrefetchConfig {
-        depth: 0,
-        workers: 0,
+        depth: DEPTH,
+        workers: 1,
         adaptive: false,
     }
 }
 
+/// Waits (bounded, generously) until `cond` holds; the bound only turns a hang into a failure.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Step `step` of rank 0, epoch 0, as the reference renders it.
+fn want(reference: &shufflefs::fs::ShuffleFs, step: u64) -> Vec<u8> {
+    reference
+        .view()
+        .render_step_npy(StepKey {
+            epoch: 0,
+            rank: 0,
+            step,
+        })
+        .unwrap()
+}
+
+/// Reads steps `0..n` of rank 0 in order as a paced trainer would: each read whole and
+/// checked, then a wait until the prefetcher has assembled the steps it queued. Past its
+/// first 16 assemblies without a reader waiting, the prefetcher assembles into memory files.
+fn read_paced(m: &TestMount, reference: &shufflefs::fs::ShuffleFs, n: u64) {
+    for step in 0..n {
+        let got = fs::read(m.step(0, 0, step, "npy")).unwrap();
+        assert!(got == want(reference, step), "step {step}");
+        wait_for("the prefetcher", || {
+            cache_counter(m.path(), "prefetched") >= step + DEPTH
+        });
+    }
+}
+
 #[test]
-fn reads_of_open_step_files_never_reach_the_daemon_and_are_exact() {
+fn reads_of_prefetched_step_files_never_reach_the_daemon_and_are_exact() {
     if !fuse_available() {
         return;
     }
     let data = Data::positional(300_000, 1 << 16);
-    let cfg = config(257, 256, 8, 2, 5, 2);
+    let cfg = config(257, 256, 8, 1, 5, 1);
     let reference = data.fs(&cfg);
     let steps = reference.view().plan().steps_per_epoch();
+    assert!(steps >= 60);
     let step_len = reference.view().step_npy_len() as usize;
-    // A cache of 4 steps and no prefetch: the first open of a step assembles it into a memory
-    // file (a miss, counted once), a second open finds it (a hit), and the cache's memory files
-    // are reused as steps are evicted.
-    let fs = data.fs(&cfg).with_cache(4 * step_len as u64, no_prefetch());
+    let fs = data.fs(&cfg).with_cache(16 * step_len as u64, prefetch());
     let m = TestMount::with_options(fs, &MountOptions::default());
     if !passthrough_on(m.path()) {
         return;
     }
-    let mut opens = 0;
-    for epoch in 0..2 {
-        for rank in 0..2 {
-            for step in 0..steps {
-                let want = reference
-                    .view()
-                    .render_step_npy(StepKey { epoch, rank, step })
-                    .unwrap();
-                let path = m.step(epoch, rank, step, "npy");
-                // Whole, then in three pieces and past the end on one descriptor.
-                assert!(fs::read(&path).unwrap() == want, "{epoch}/{rank}/{step}");
-                let f = File::open(&path).unwrap();
-                let cut = [0, 1, 128, step_len / 2 + 3, step_len];
-                for w in cut.windows(2) {
-                    let mut buf = vec![0u8; w[1] - w[0]];
-                    f.read_exact_at(&mut buf, w[0] as u64).unwrap();
-                    assert!(buf == want[w[0]..w[1]], "{epoch}/{rank}/{step} at {}", w[0]);
-                }
-                let mut past = [0u8; 16];
-                assert_eq!(f.read_at(&mut past, step_len as u64).unwrap(), 0);
-                assert_eq!(f.metadata().unwrap().len(), step_len as u64);
-                opens += 2;
-            }
-        }
-    }
-    // Each open looked the step up at most once (not at all when it shared the backing file of
-    // an open of the same file not released yet), whatever the reads did: four reads each
-    // would count four times if they reached the daemon.
-    let c = &stats(m.path())["cache"];
-    let counted = c["hits"].as_u64().unwrap() + c["misses"].as_u64().unwrap();
+    read_paced(&m, &reference, 30);
+    let before = counter(m.path(), "opened").unwrap();
     assert!(
-        counted <= opens && counted >= opens / 2,
-        "{counted} cache lookups for {opens} opens"
+        before > 0,
+        "steps prefetched into memory files were opened by passthrough"
     );
-    assert_eq!(counter(m.path(), "opened"), Some(opens));
-    assert_eq!(counter(m.path(), "fallback"), Some(0));
-    // The misses were assembled by the open itself and copied into a memory file; hits are
-    // the cache's own memory files.
-    assert_eq!(counter(m.path(), "copied"), c["misses"].as_u64());
+    for step in 30..60 {
+        let want = want(&reference, step);
+        let (hits, misses) = (
+            cache_counter(m.path(), "hits"),
+            cache_counter(m.path(), "misses"),
+        );
+        let opened = counter(m.path(), "opened").unwrap();
+        // One descriptor: three pieces, a read past the end, the size.
+        let f = File::open(m.step(0, 0, step, "npy")).unwrap();
+        let cut = [0, 1, 128, step_len / 2 + 3, step_len];
+        for w in cut.windows(2) {
+            let mut buf = vec![0u8; w[1] - w[0]];
+            f.read_exact_at(&mut buf, w[0] as u64).unwrap();
+            assert!(buf == want[w[0]..w[1]], "step {step} at {}", w[0]);
+        }
+        let mut past = [0u8; 16];
+        assert_eq!(f.read_at(&mut past, step_len as u64).unwrap(), 0);
+        assert_eq!(f.metadata().unwrap().len(), step_len as u64);
+        drop(f);
+        // A passthrough open: one cache hit for the open, none for its four reads.
+        assert_eq!(counter(m.path(), "opened"), Some(opened + 1), "step {step}");
+        assert_eq!(cache_counter(m.path(), "hits"), hits + 1, "step {step}");
+        assert_eq!(cache_counter(m.path(), "misses"), misses, "step {step}");
+        wait_for("the prefetcher", || {
+            cache_counter(m.path(), "prefetched") >= step + DEPTH
+        });
+    }
     m.unmount();
 }
 
@@ -118,52 +155,45 @@ fn descriptors_and_mappings_keep_their_bytes_while_the_cache_turns_over() {
     let reference = data.fs(&cfg);
     let steps = reference.view().plan().steps_per_epoch();
     let step_len = reference.view().step_npy_len();
-    let want = |epoch, step| {
-        reference
-            .view()
-            .render_step_npy(StepKey {
-                epoch,
-                rank: 0,
-                step,
-            })
-            .unwrap()
-    };
-    let fs = data.fs(&cfg).with_cache(
-        2 * step_len,
-        PrefetchConfig {
-            depth: 2,
-            workers: 1,
-            adaptive: false,
-        },
-    );
+    let fs = data.fs(&cfg).with_cache(4 * step_len, prefetch());
     let m = TestMount::with_options(fs, &MountOptions::default());
     if !passthrough_on(m.path()) {
         return;
     }
-    // Step 0 kept open, step 1 mapped and its descriptor closed.
-    let held = File::open(m.step(0, 0, 0, "npy")).unwrap();
+    read_paced(&m, &reference, 30);
+    // Step 30 kept open, step 31 mapped and its descriptor closed: both by passthrough.
+    let opened = counter(m.path(), "opened").unwrap();
+    let held = File::open(m.step(0, 0, 30, "npy")).unwrap();
+    wait_for("the prefetcher", || {
+        cache_counter(m.path(), "prefetched") >= 30 + DEPTH
+    });
     let mapped = {
-        let f = File::open(m.step(0, 0, 1, "npy")).unwrap();
+        let f = File::open(m.step(0, 0, 31, "npy")).unwrap();
         // SAFETY: a read-only mapping of a file no one writes.
         unsafe { memmap2::Mmap::map(&f) }.unwrap()
     };
-    // Every other step of both epochs, twice: the cache (2 steps) evicts and replaces its
-    // memory files many times over (one handed to the kernel is never written again).
-    for _ in 0..2 {
-        for epoch in 0..2 {
-            for step in 2..steps {
-                assert!(fs::read(m.step(epoch, 0, step, "npy")).unwrap() == want(epoch, step));
-            }
+    assert_eq!(counter(m.path(), "opened"), Some(opened + 2));
+    // Every other step of both epochs: the cache (4 steps) evicts and replaces its memory
+    // files many times over (one handed to the kernel is never written again).
+    for epoch in 0..2 {
+        for step in 32..steps {
+            let key = StepKey {
+                epoch,
+                rank: 0,
+                step,
+            };
+            let got = fs::read(m.step(epoch, 0, step, "npy")).unwrap();
+            assert!(got == reference.view().render_step_npy(key).unwrap());
         }
     }
     let mut buf = vec![0u8; step_len as usize];
     held.read_exact_at(&mut buf, 0).unwrap();
     assert!(
-        buf == want(0, 0),
+        buf == want(&reference, 30),
         "an open descriptor keeps its step's bytes"
     );
     assert!(
-        mapped[..] == want(0, 1)[..],
+        mapped[..] == want(&reference, 31)[..],
         "a mapping keeps its step's bytes"
     );
     drop((held, mapped));
@@ -178,26 +208,21 @@ fn a_shard_truncated_under_the_mount_gives_eio_and_the_daemon_goes_on() {
     let data = Data::positional(200_000, 1 << 16);
     let cfg = config(257, 256, 8, 1, 3, 1);
     let reference = data.fs(&cfg);
-    let steps = reference.view().plan().steps_per_epoch();
-    let wants: Vec<Vec<u8>> = (0..steps.min(6))
-        .map(|step| {
-            reference
-                .view()
-                .render_step_npy(StepKey {
-                    epoch: 0,
-                    rank: 0,
-                    step,
-                })
-                .unwrap()
-        })
-        .collect();
-    let want = |step: u64| &wants[step as usize];
-    // No cache: every open assembles its step, so a truncated shard is met at open.
-    let m = TestMount::with_options(data.fs(&cfg), &MountOptions::default());
+    let wants: Vec<Vec<u8>> = (0..60).map(|s| want(&reference, s)).collect();
+    let step_len = reference.view().step_npy_len();
+    let fs = data.fs(&cfg).with_cache(16 * step_len, prefetch());
+    let m = TestMount::with_options(fs, &MountOptions::default());
     if !passthrough_on(m.path()) {
         return;
     }
-    let before = File::open(m.step(0, 0, 0, "npy")).unwrap();
+    read_paced(&m, &reference, 30);
+    let opened = counter(m.path(), "opened").unwrap();
+    let before = File::open(m.step(0, 0, 30, "npy")).unwrap();
+    assert_eq!(
+        counter(m.path(), "opened"),
+        Some(opened + 1),
+        "a passthrough open"
+    );
     for shard in shard_paths(&data.path()) {
         File::options()
             .write(true)
@@ -207,24 +232,27 @@ fn a_shard_truncated_under_the_mount_gives_eio_and_the_daemon_goes_on() {
             .unwrap();
     }
     // Opened before: the kernel still serves the bytes the step had, exactly.
-    let mut buf = vec![0u8; want(0).len()];
+    let mut buf = vec![0u8; wants[30].len()];
     before.read_exact_at(&mut buf, 0).unwrap();
     assert!(
-        &buf == want(0),
+        buf == wants[30],
         "bytes of a step opened before the truncation"
     );
-    // Opened after: the open succeeds (answered without passthrough); the header needs no
-    // shard and reads; any read of the rows fails with EIO; the daemon goes on.
-    for step in 1..steps.min(6) {
+    // Steps never assembled: plain opens; the header needs no shard and reads; any read of
+    // the rows fails with EIO; the daemon goes on.
+    for step in 50..55 {
         let path = m.step(0, 0, step, "npy");
         let e = fs::read(&path).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EIO), "step {step}: {e}");
         let f = File::open(&path).unwrap();
         let mut header = [0u8; 128];
         f.read_exact_at(&mut header, 0).unwrap();
-        assert!(header[..] == want(step)[..128], "step {step}: header");
+        assert!(
+            header[..] == wants[step as usize][..128],
+            "step {step}: header"
+        );
     }
-    assert!(counter(m.path(), "fallback").unwrap() >= 5);
+    assert!(counter(m.path(), "plain").unwrap() >= 10);
     assert!(
         fs::read(m.path().join("info.json")).is_ok(),
         "the daemon is alive"
@@ -234,31 +262,23 @@ fn a_shard_truncated_under_the_mount_gives_eio_and_the_daemon_goes_on() {
 }
 
 #[test]
-fn concurrent_opens_of_the_same_step_files_share_one_backing_file() {
+fn concurrent_opens_of_the_same_step_files_are_exact() {
     if !fuse_available() {
         return;
     }
     let data = Data::positional(300_000, 1 << 16);
     let cfg = config(129, 128, 4, 1, 11, 1);
     let reference = data.fs(&cfg);
-    let steps = reference.view().plan().steps_per_epoch().min(60);
-    let wants: Vec<Vec<u8>> = (0..steps)
-        .map(|step| {
-            reference
-                .view()
-                .render_step_npy(StepKey {
-                    epoch: 0,
-                    rank: 0,
-                    step,
-                })
-                .unwrap()
-        })
-        .collect();
-    // No cache: the first opens of a step race to assemble and register it.
-    let m = TestMount::with_options(data.fs(&cfg), &MountOptions::default());
+    let steps = reference.view().plan().steps_per_epoch().min(80);
+    let wants: Vec<Vec<u8>> = (0..steps).map(|s| want(&reference, s)).collect();
+    let step_len = reference.view().step_npy_len();
+    let fs = data.fs(&cfg).with_cache(8 * step_len, prefetch());
+    let m = TestMount::with_options(fs, &MountOptions::default());
     if !passthrough_on(m.path()) {
         return;
     }
+    // Threads racing over the same files: passthrough and plain opens of one file side by
+    // side, opening and closing in every order.
     const THREADS: usize = 6;
     const ROUNDS: usize = 4;
     let barrier = std::sync::Barrier::new(THREADS);
@@ -269,7 +289,6 @@ fn concurrent_opens_of_the_same_step_files_share_one_backing_file() {
                 for round in 0..ROUNDS {
                     let mut held = Vec::new();
                     for step in 0..steps {
-                        // Every thread opens the same file at about the same time.
                         if step.is_multiple_of(10) {
                             barrier.wait();
                         }
@@ -282,7 +301,6 @@ fn concurrent_opens_of_the_same_step_files_share_one_backing_file() {
                             panic!("thread {t} round {round} step {step}: read: {e}")
                         });
                         assert!(buf == wants[step as usize], "thread {t} step {step}");
-                        // Some stay open across the next opens (and other threads' closes).
                         if (step as usize + t).is_multiple_of(3) {
                             held.push(f);
                         }
@@ -292,12 +310,15 @@ fn concurrent_opens_of_the_same_step_files_share_one_backing_file() {
         }
     });
     let opens = (THREADS * ROUNDS) as u64 * steps;
-    assert_eq!(counter(m.path(), "opened"), Some(opens));
-    assert_eq!(counter(m.path(), "fallback"), Some(0));
+    let (opened, plain) = (
+        counter(m.path(), "opened").unwrap(),
+        counter(m.path(), "plain").unwrap(),
+    );
+    assert_eq!(opened + plain, opens);
     m.unmount();
 }
 
-/// A plain open (its step could not be assembled) closed while a passthrough open of the same
+/// A plain open (its step was not assembled yet) closed while a passthrough open of the same
 /// file is open: only passthrough opens count towards the backing file, so later opens still
 /// share it (a miscount would register a second backing file, which the kernel refuses:
 /// `EIO` at open).
@@ -309,54 +330,47 @@ fn a_plain_open_closing_beside_a_passthrough_open_leaves_its_backing_file() {
     let data = Data::positional(200_000, 1 << 16);
     let cfg = config(257, 256, 8, 1, 3, 1);
     let reference = data.fs(&cfg);
-    let key = StepKey {
-        epoch: 0,
-        rank: 0,
-        step: 0,
-    };
-    let want = reference.view().render_step_npy(key).unwrap();
-    let m = TestMount::with_options(data.fs(&cfg), &MountOptions::default());
+    let step_len = reference.view().step_npy_len();
+    let fs = data.fs(&cfg).with_cache(64 * step_len, prefetch());
+    let m = TestMount::with_options(fs, &MountOptions::default());
     if !passthrough_on(m.path()) {
         return;
     }
-    let path = m.step(0, 0, 0, "npy");
-    let shards = shard_paths(&data.path());
-    let saved: Vec<Vec<u8>> = shards.iter().map(|p| fs::read(p).unwrap()).collect();
-    for shard in &shards {
-        File::options()
-            .write(true)
-            .open(shard)
-            .unwrap()
-            .set_len(0)
-            .unwrap();
+    read_paced(&m, &reference, 20);
+    // B: step 30 was not assembled yet, so B is a plain open (never read: nothing waits).
+    let plain = counter(m.path(), "plain").unwrap();
+    let b = File::open(m.step(0, 0, 30, "npy")).unwrap();
+    assert_eq!(counter(m.path(), "plain"), Some(plain + 1));
+    // Steps 20..30 as a paced trainer reads them: the prefetcher assembles step 30 into a
+    // memory file, and A is a passthrough open.
+    for step in 20..30 {
+        let got = fs::read(m.step(0, 0, step, "npy")).unwrap();
+        assert!(got == want(&reference, step), "step {step}");
+        wait_for("the prefetcher", || {
+            cache_counter(m.path(), "prefetched") >= step + DEPTH
+        });
     }
-    // B: the step cannot be assembled, so B is a plain open (its reads reach the daemon).
-    let b = File::open(&path).unwrap();
-    assert_eq!(counter(m.path(), "fallback"), Some(1));
-    // The shards as they were (same files, same sizes): A is a passthrough open.
-    for (shard, bytes) in shards.iter().zip(&saved) {
-        File::options()
-            .write(true)
-            .open(shard)
-            .unwrap()
-            .write_all_at(bytes, 0)
-            .unwrap();
-    }
-    let a = File::open(&path).unwrap();
-    assert_eq!(counter(m.path(), "opened"), Some(1));
+    let opened = counter(m.path(), "opened").unwrap();
+    let a = File::open(m.step(0, 0, 30, "npy")).unwrap();
+    assert_eq!(
+        counter(m.path(), "opened"),
+        Some(opened + 1),
+        "A is a passthrough open"
+    );
     drop(b);
     // B's RELEASE has reached the daemon once a request sent after it is answered.
     let _ = fs::read(m.path().join("info.json")).unwrap();
+    let want30 = want(&reference, 30);
     for _ in 0..3 {
-        let c = File::open(&path).expect("an open beside A shares A's backing file");
-        let mut buf = vec![0u8; want.len()];
+        let c = File::open(m.step(0, 0, 30, "npy")).expect("C shares A's backing file");
+        let mut buf = vec![0u8; want30.len()];
         c.read_exact_at(&mut buf, 0).unwrap();
-        assert!(buf == want, "C reads the step");
+        assert!(buf == want30, "C reads the step");
     }
-    let mut buf = vec![0u8; want.len()];
+    let mut buf = vec![0u8; want30.len()];
     a.read_exact_at(&mut buf, 0).unwrap();
-    assert!(buf == want, "A reads the step");
-    assert_eq!(counter(m.path(), "opened"), Some(4));
+    assert!(buf == want30, "A reads the step");
+    assert_eq!(counter(m.path(), "opened"), Some(opened + 4));
     drop(a);
     m.unmount();
 }
