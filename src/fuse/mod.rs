@@ -148,8 +148,12 @@ impl FuseAdapter {
     /// without passthrough. Nothing here blocks: the FUSE thread answers at once.
     fn open_step(&self, ino: u64, k: u32, key: crate::shuffle::plan::StepKey, reply: ReplyOpen) {
         let fallback = self.open_flags;
-        match self.fs.memfd_step_if_cached(k, key) {
-            Some(buf) if self.backings.live() => {
+        let cached = self
+            .backings
+            .live()
+            .then(|| self.fs.memfd_step_if_cached(k, key));
+        match cached.flatten() {
+            Some(buf) => {
                 self.backings.open(ino, buf, reply, fallback);
                 // Its reads never reach the daemon: the prefetcher hears of the reader now.
                 self.fs.reader_at(k, key);
@@ -383,7 +387,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if fh.0 == passthrough::PASSTHROUGH_FH {
+        if fh.0 == passthrough::PASSTHROUGH_FH || fh.0 == passthrough::PLAIN_FH {
             self.backings.release(ino.0, fh.0);
         } else if fh.0 != 0 {
             self.handles.release(fh.0);

