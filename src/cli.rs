@@ -405,8 +405,9 @@ pub struct MountFlags {
     #[arg(long, help_heading = MOUNT_HEADING)]
     pub prefill: bool,
     /// Serve every READ of a step file from the daemon, as on kernels without FUSE passthrough.
-    /// By default (Linux 6.9+, a root daemon) an open step file is handed to the kernel as a
-    /// memory file, so reads, mmap and end-of-file probes cost no round trip.
+    /// By default (Linux 6.9+, a root daemon) an open of a step file the prefetcher has ready
+    /// in a memory file hands that file to the kernel, so its reads, mmap and end-of-file
+    /// probes cost no round trip.
     #[arg(long, conflicts_with = "prefill", help_heading = MOUNT_HEADING)]
     pub no_passthrough: bool,
     /// Most dataset files (shards, checksum and document files) kept open at once; beyond it
