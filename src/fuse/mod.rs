@@ -152,15 +152,14 @@ impl FuseAdapter {
             .backings
             .live()
             .then(|| self.fs.memfd_step_if_cached(k, key));
-        match cached.flatten() {
-            Some(buf) => {
-                self.backings.open(ino, buf, reply, fallback);
-                // Its reads never reach the daemon: the prefetcher hears of the reader now.
-                self.fs.reader_at(k, key);
-            }
-            // Not prefetched into a memory file: its reads reach the daemon, which counts a
-            // hit or a miss and tells the prefetcher for each, as without passthrough.
-            _ => self.backings.open_plain(ino, reply, fallback),
+        // A step not prefetched into a memory file is a plain open: its reads reach the daemon,
+        // which counts a hit or a miss and tells the prefetcher for each.
+        let cached = cached.flatten();
+        let hit = cached.is_some();
+        self.backings.open(ino, cached, reply, fallback);
+        if hit {
+            // Counted as a hit at open: the prefetcher hears of the reader now.
+            self.fs.reader_at(k, key);
         }
     }
 

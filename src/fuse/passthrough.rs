@@ -65,10 +65,17 @@ impl Backings {
     }
 
     /// Answers an open of `ino`: with the backing file its other opens share if there is one,
-    /// else, unless a plain open of it is open, with memory file `buf` registered as its
-    /// backing file, else the usual way (`fallback` flags). For lack of privilege to register
-    /// one, passthrough ends for the mount.
-    pub(super) fn open(&self, ino: u64, buf: Arc<StepBuf>, reply: ReplyOpen, fallback: FopenFlags) {
+    /// else with memory file `buf` (the step cache's, if it holds the step in one) registered
+    /// as its backing file unless a plain open of it is open, else the usual way (`fallback`
+    /// flags: its reads reach the daemon). For lack of privilege to register a backing file,
+    /// passthrough ends for the mount.
+    pub(super) fn open(
+        &self,
+        ino: u64,
+        buf: Option<Arc<StepBuf>>,
+        reply: ReplyOpen,
+        fallback: FopenFlags,
+    ) {
         let mut map = self.lock();
         let opens = map.entry(ino).or_default();
         if let Some((id, _)) = &opens.backing {
@@ -77,9 +84,11 @@ impl Backings {
             self.counters.opened.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let fd = match buf.memfd_fd() {
-            Some(fd) if opens.plain == 0 => fd,
-            _ => return self.plain(opens, reply, fallback),
+        let Some(buf) = buf.filter(|_| opens.plain == 0) else {
+            return self.plain(opens, reply, fallback);
+        };
+        let Some(fd) = buf.memfd_fd() else {
+            return self.plain(opens, reply, fallback);
         };
         match reply.open_backing(fd) {
             Ok(id) => {
@@ -109,21 +118,6 @@ impl Backings {
                 self.plain(opens, reply, fallback)
             }
         }
-    }
-
-    /// Answers an open of `ino` whose step is not in a memory file: with the backing file its
-    /// other opens share if there is one (the kernel refuses a plain open beside them), else
-    /// the usual way: its reads reach the daemon.
-    pub(super) fn open_plain(&self, ino: u64, reply: ReplyOpen, fallback: FopenFlags) {
-        let mut map = self.lock();
-        let opens = map.entry(ino).or_default();
-        if let Some((id, _)) = &opens.backing {
-            opens.passthrough += 1;
-            reply.opened_passthrough(FileHandle(PASSTHROUGH_FH), FLAGS, id);
-            self.counters.opened.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        self.plain(opens, reply, fallback)
     }
 
     /// The usual open, counted (with the lock held: no backing file appears meanwhile).

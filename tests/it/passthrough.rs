@@ -14,6 +14,7 @@
 //! and fails then only if `SHUFFLEFS_REQUIRE_PASSTHROUGH` is set (CI).
 
 use std::fs::{self, File};
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 use shufflefs::mount::MountOptions;
 use shufflefs::plan::StepKey;
 use shufflefs::prefetch::PrefetchConfig;
+use shufflefs::view::ViewConfig;
 
 use crate::common::*;
 
@@ -80,17 +82,31 @@ fn want(reference: &shufflefs::fs::ShuffleFs, step: u64) -> Vec<u8> {
         .unwrap()
 }
 
-/// Reads steps `0..n` of rank 0 in order as a paced trainer would: each read whole and
+/// Waits until the prefetcher has assembled the steps a read of step `step` queued.
+fn wait_prefetched(m: &TestMount, step: u64) {
+    wait_for("the prefetcher", || {
+        cache_counter(m.path(), "prefetched") >= step + DEPTH
+    });
+}
+
+/// Reads steps `steps` of rank 0 in order as a paced trainer would: each read whole and
 /// checked, then a wait until the prefetcher has assembled the steps it queued. Past its
 /// first 16 assemblies without a reader waiting, the prefetcher assembles into memory files.
-fn read_paced(m: &TestMount, reference: &shufflefs::fs::ShuffleFs, n: u64) {
-    for step in 0..n {
+fn read_paced(m: &TestMount, reference: &shufflefs::fs::ShuffleFs, steps: Range<u64>) {
+    for step in steps {
         let got = fs::read(m.step(0, 0, step, "npy")).unwrap();
         assert!(got == want(reference, step), "step {step}");
-        wait_for("the prefetcher", || {
-            cache_counter(m.path(), "prefetched") >= step + DEPTH
-        });
+        wait_prefetched(m, step);
     }
+}
+
+/// `data` under `cfg` mounted with a step cache of `cache_steps` step files and prefetch
+/// ([`DEPTH`], one worker); `None` when the mount does not serve by passthrough.
+fn mount_cached(data: &Data, cfg: &ViewConfig, cache_steps: u64) -> Option<TestMount> {
+    let step_len = data.fs(cfg).view().step_npy_len();
+    let fs = data.fs(cfg).with_cache(cache_steps * step_len, prefetch());
+    let m = TestMount::with_options(fs, &MountOptions::default());
+    passthrough_on(m.path()).then_some(m)
 }
 
 #[test]
@@ -104,12 +120,10 @@ fn reads_of_prefetched_step_files_never_reach_the_daemon_and_are_exact() {
     let steps = reference.view().plan().steps_per_epoch();
     assert!(steps >= 60);
     let step_len = reference.view().step_npy_len() as usize;
-    let fs = data.fs(&cfg).with_cache(16 * step_len as u64, prefetch());
-    let m = TestMount::with_options(fs, &MountOptions::default());
-    if !passthrough_on(m.path()) {
+    let Some(m) = mount_cached(&data, &cfg, 16) else {
         return;
-    }
-    read_paced(&m, &reference, 30);
+    };
+    read_paced(&m, &reference, 0..30);
     let before = counter(m.path(), "opened").unwrap();
     assert!(
         before > 0,
@@ -143,9 +157,7 @@ fn reads_of_prefetched_step_files_never_reach_the_daemon_and_are_exact() {
             assert_eq!(cache_counter(m.path(), "hits"), hits + 1, "step {step}");
             assert_eq!(cache_counter(m.path(), "misses"), misses, "step {step}");
         }
-        wait_for("the prefetcher", || {
-            cache_counter(m.path(), "prefetched") >= step + DEPTH
-        });
+        wait_prefetched(&m, step);
     }
     assert!(
         passthrough >= 15,
@@ -164,18 +176,14 @@ fn descriptors_and_mappings_keep_their_bytes_while_the_cache_turns_over() {
     let reference = data.fs(&cfg);
     let steps = reference.view().plan().steps_per_epoch();
     let step_len = reference.view().step_npy_len();
-    let fs = data.fs(&cfg).with_cache(4 * step_len, prefetch());
-    let m = TestMount::with_options(fs, &MountOptions::default());
-    if !passthrough_on(m.path()) {
+    let Some(m) = mount_cached(&data, &cfg, 4) else {
         return;
-    }
-    read_paced(&m, &reference, 30);
+    };
+    read_paced(&m, &reference, 0..30);
     // Step 30 kept open, step 31 mapped and its descriptor closed: both by passthrough.
     let opened = counter(m.path(), "opened").unwrap();
     let held = File::open(m.step(0, 0, 30, "npy")).unwrap();
-    wait_for("the prefetcher", || {
-        cache_counter(m.path(), "prefetched") >= 30 + DEPTH
-    });
+    wait_prefetched(&m, 30);
     let mapped = {
         let f = File::open(m.step(0, 0, 31, "npy")).unwrap();
         // SAFETY: a read-only mapping of a file no one writes.
@@ -218,13 +226,10 @@ fn a_shard_truncated_under_the_mount_gives_eio_and_the_daemon_goes_on() {
     let cfg = config(257, 256, 8, 1, 3, 1);
     let reference = data.fs(&cfg);
     let wants: Vec<Vec<u8>> = (0..60).map(|s| want(&reference, s)).collect();
-    let step_len = reference.view().step_npy_len();
-    let fs = data.fs(&cfg).with_cache(16 * step_len, prefetch());
-    let m = TestMount::with_options(fs, &MountOptions::default());
-    if !passthrough_on(m.path()) {
+    let Some(m) = mount_cached(&data, &cfg, 16) else {
         return;
-    }
-    read_paced(&m, &reference, 30);
+    };
+    read_paced(&m, &reference, 0..30);
     let opened = counter(m.path(), "opened").unwrap();
     let before = File::open(m.step(0, 0, 30, "npy")).unwrap();
     assert_eq!(
@@ -280,12 +285,9 @@ fn concurrent_opens_of_the_same_step_files_are_exact() {
     let reference = data.fs(&cfg);
     let steps = reference.view().plan().steps_per_epoch().min(80);
     let wants: Vec<Vec<u8>> = (0..steps).map(|s| want(&reference, s)).collect();
-    let step_len = reference.view().step_npy_len();
-    let fs = data.fs(&cfg).with_cache(8 * step_len, prefetch());
-    let m = TestMount::with_options(fs, &MountOptions::default());
-    if !passthrough_on(m.path()) {
+    let Some(m) = mount_cached(&data, &cfg, 8) else {
         return;
-    }
+    };
     // Threads racing over the same files: passthrough and plain opens of one file side by
     // side, opening and closing in every order.
     const THREADS: usize = 6;
@@ -340,19 +342,16 @@ fn plain_and_passthrough_opens_of_one_file_never_collide() {
     let data = Data::positional(200_000, 1 << 16);
     let cfg = config(257, 256, 8, 1, 3, 1);
     let reference = data.fs(&cfg);
-    let step_len = reference.view().step_npy_len();
-    let fs = data.fs(&cfg).with_cache(64 * step_len, prefetch());
-    let m = TestMount::with_options(fs, &MountOptions::default());
-    if !passthrough_on(m.path()) {
+    let Some(m) = mount_cached(&data, &cfg, 64) else {
         return;
-    }
+    };
     let want30 = want(&reference, 30);
     let check = |f: &File, what: &str| {
         let mut buf = vec![0u8; want30.len()];
         f.read_exact_at(&mut buf, 0).unwrap();
         assert!(buf == want30, "{what} reads the step");
     };
-    read_paced(&m, &reference, 20);
+    read_paced(&m, &reference, 0..20);
     // B: step 30 was not assembled yet, so B is a plain open; it is mapped (not read yet: a
     // read would make the step one the prefetcher skips).
     let plain = counter(m.path(), "plain").unwrap();
@@ -362,13 +361,7 @@ fn plain_and_passthrough_opens_of_one_file_never_collide() {
     let b_map = unsafe { memmap2::Mmap::map(&b) }.unwrap();
     // Steps 20..30 as a paced trainer reads them: the prefetcher assembles step 30 into a
     // memory file. A is still a plain open, beside B.
-    for step in 20..30 {
-        let got = fs::read(m.step(0, 0, step, "npy")).unwrap();
-        assert!(got == want(&reference, step), "step {step}");
-        wait_for("the prefetcher", || {
-            cache_counter(m.path(), "prefetched") >= step + DEPTH
-        });
-    }
+    read_paced(&m, &reference, 20..30);
     let opened = counter(m.path(), "opened").unwrap();
     let a = File::open(m.step(0, 0, 30, "npy")).expect("an open beside a mapped plain open");
     check(&a, "A");
