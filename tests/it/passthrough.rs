@@ -17,7 +17,6 @@ use std::fs::{self, File};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use shufflefs::mount::MountOptions;
 use shufflefs::plan::StepKey;
@@ -58,15 +57,6 @@ fn prefetch() -> PrefetchConfig {
         depth: DEPTH,
         workers: 1,
         adaptive: false,
-    }
-}
-
-/// Waits (bounded, generously) until `cond` holds; the bound only turns a hang into a failure.
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

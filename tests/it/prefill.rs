@@ -9,7 +9,6 @@
 
 use std::fs;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use shufflefs::mount::{MountOptions, mount};
 use shufflefs::plan::StepKey;
@@ -19,15 +18,6 @@ use crate::common::*;
 
 fn prefill_counter(mnt: &Path, name: &str) -> u64 {
     stats(mnt)["prefill"][name].as_u64().unwrap()
-}
-
-/// Waits (bounded, generously) until `cond` holds; the bound only turns a hang into a failure.
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
 }
 
 fn drop_caches() -> bool {

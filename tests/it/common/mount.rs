@@ -430,3 +430,12 @@ pub fn chmod(path: &Path, mode: u32) {
 pub fn open_to_all(path: &Path) {
     chmod(path, if path.is_dir() { 0o755 } else { 0o644 });
 }
+
+/// Waits (bounded, generously) until `cond` holds; the bound only turns a hang into a failure.
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
