@@ -187,7 +187,20 @@ impl StepCache {
     /// The step file for `key` if cached, counting a hit; a miss counts nothing (the caller
     /// will ask again with [`StepCache::get`]).
     pub(crate) fn get_if_cached(&self, key: StepKey) -> Option<Arc<StepBuf>> {
+        self.get_cached_if(key, |_| true)
+    }
+
+    /// [`StepCache::get_if_cached`] of a step file `wanted` accepts (under one lock): one it
+    /// refuses is neither counted nor refreshed.
+    pub(crate) fn get_cached_if(
+        &self,
+        key: StepKey,
+        wanted: impl FnOnce(&StepBuf) -> bool,
+    ) -> Option<Arc<StepBuf>> {
         let mut map = self.lock();
+        if !wanted(&map.peek(&(self.plan, key))?.bytes) {
+            return None;
+        }
         let entry = map.get_mut(&(self.plan, key))?;
         if std::mem::take(&mut entry.unread_prefetch) {
             self.counters()

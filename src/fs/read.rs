@@ -432,8 +432,7 @@ impl ShuffleFs {
     /// told: call [`ShuffleFs::reader_at`] once the reply is sent.
     pub(crate) fn memfd_step_if_cached(&self, plan: u32, key: StepKey) -> Option<Arc<StepBuf>> {
         let cache = self.plan(plan).cache.as_ref()?;
-        cache.peek(key)?.memfd_fd()?;
-        cache.get_if_cached(key)
+        cache.get_cached_if(key, |b| b.memfd_fd().is_some())
     }
 
     /// Tells plan `plan`'s prefetcher that a reader is at step `key` (it queues the next
